@@ -1,0 +1,112 @@
+"""The exception tree of admission.
+
+Exceptions are for misuse and infrastructure; admission outcomes (fresh,
+retained, conflict, ambiguous) are returned values, never raised.  Every
+exception has a stable ``code``, carries its data as attributes and pickles
+with them, so it can cross a process boundary unchanged.
+
+This module imports nothing else from admission.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "AdmissionError",
+    "InvalidCommandTypeError",
+    "InvalidRequestIdError",
+    "InvalidValueError",
+    "ReservedRequestIdError",
+]
+
+
+def _restore(cls: type[AdmissionError], message: str, state: dict[str, object]) -> AdmissionError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.message = message
+    error.__dict__.update(state)
+    return error
+
+
+class AdmissionError(Exception):
+    """Base class of every error admission raises on purpose."""
+
+    code: ClassVar[str] = "admission_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only attributes would be lost by Exception's default pickling,
+        # which replays only ``args``.
+        state = {k: v for k, v in self.__dict__.items() if k != "message"}
+        return (_restore, (type(self), self.message, state))
+
+
+class InvalidValueError(AdmissionError, ValueError):
+    """A value cannot be canonically encoded, or bytes are not canonical.
+
+    ``field`` names the input that was refused (``"arguments"``, ``"name"``,
+    ``"target"``, ``"value"`` or ``"data"``), ``path`` the offending value inside
+    it (``$.items[3].price``), ``reason`` says why.  For decoding, ``offset`` is
+    the byte offset of the refused item.
+    """
+
+    code: ClassVar[str] = "invalid_value"
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        field: str = "value",
+        path: str = "$",
+        offset: int | None = None,
+    ) -> None:
+        where = f"{field} at {path}" if path else field
+        if offset is not None:
+            where += f" (byte {offset})"
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
+        self.field = field
+        self.path = path
+        self.offset = offset
+
+
+class InvalidRequestIdError(AdmissionError, ValueError):
+    """A command key is not a string of 1..255 valid Unicode code points (contract §2.3)."""
+
+    code: ClassVar[str] = "request_id_invalid"
+
+    def __init__(self, reason: str, *, request_id: object = None) -> None:
+        super().__init__(f"request_id: {reason}")
+        self.reason = reason
+        self.field = "request_id"
+        self.request_id = request_id
+
+
+class ReservedRequestIdError(AdmissionError, ValueError):
+    """A caller's signal used the engine-reserved ``workflow-signal:`` prefix (contract §2.4)."""
+
+    code: ClassVar[str] = "request_id_reserved"
+
+    def __init__(self, reason: str, *, request_id: str) -> None:
+        super().__init__(f"request_id: {reason}")
+        self.reason = reason
+        self.field = "request_id"
+        self.request_id = request_id
+
+
+class InvalidCommandTypeError(AdmissionError, ValueError):
+    """A command type other than ``"signal"`` or ``"update"`` was given."""
+
+    code: ClassVar[str] = "command_type_invalid"
+
+    def __init__(self, command_type: object) -> None:
+        super().__init__(f"command_type: must be 'signal' or 'update', got {command_type!r}")
+        self.field = "command_type"
+        self.command_type = command_type
