@@ -10,6 +10,14 @@ The encoder is written for speed on the admission hot path: one recursive walk
 that validates and writes at once, dispatching on exact types, with the path
 of a refused value rebuilt only while an error unwinds.
 
+The optional C extension ``admission._speedups`` produces the same bytes
+faster.  The Python walk stays the definition and the fallback: the extension
+only answers "these bytes" or "refused", and on a refusal the Python walk is
+run to raise the precise :class:`InvalidValueError`.  Without the extension
+(no compiler at install time, or ``ADMISSION_PURE_PYTHON=1`` in the
+environment) everything works the same, only slower; :data:`ACCELERATED` says
+which is in use.
+
 Pure: no I/O, no clock, no SQLAlchemy.
 """
 
@@ -18,25 +26,30 @@ from __future__ import annotations
 import hashlib
 import re
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, TypeAlias
 
 from admission.errors import InvalidCommandTypeError, InvalidValueError
 
 __all__ = [
+    "ACCELERATED",
     "DEFAULT_MAX_SIZE",
     "INTENT_TAG",
     "INTENT_VERSION",
     "MAX_DEPTH",
+    "EncodedIntent",
     "Value",
     "arguments_digest",
     "canonical_decode",
     "canonical_encode",
+    "encode_intent",
     "intent_digest",
     "intent_record",
 ]
 
 Value: TypeAlias = (
-    "None | bool | int | float | str | bytes | list[Value] | tuple[Value, ...] | dict[str, Value]"
+    "bool | int | float | str | bytes | list[Value] | tuple[Value, ...] | dict[str, Value] | None"
 )
 """A value the canonical encoding accepts (tuples decode as lists)."""
 
@@ -61,6 +74,25 @@ _NEG_INF: Final = b"\xf9\xfc\x00"
 _pack_float: Final = struct.Struct(">Bd").pack
 _unpack_double: Final = struct.Struct(">d").unpack_from
 _IDENTIFIER: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _load_accelerator() -> Callable[[object, int], bytes | None] | None:
+    # The C extension is optional: without a compiler at install time it is
+    # absent and the pure walk is used.  Setting the environment variable
+    # ADMISSION_PURE_PYTHON (to anything but "" or "0") makes the extension
+    # refuse to load, for debugging, comparing the two and testing the fallback;
+    # the extension reads it so that this module stays free of I/O.
+    try:
+        from admission import _speedups
+    except ImportError:
+        return None
+    return _speedups.encode
+
+
+_accelerated_encode: Final = _load_accelerator()
+
+ACCELERATED: Final = _accelerated_encode is not None
+"""Whether the C extension ``admission._speedups`` encodes (the bytes are the same either way)."""
 
 
 def _head(major: int, n: int) -> bytes:
@@ -89,16 +121,18 @@ _MAP_HEAD: Final = tuple(_head(5, n) for n in range(256))
 class _Refusal(Exception):
     """Raised inside the walk; containers add their path segment while it unwinds."""
 
-    def __init__(self, reason: str, offset: int | None = None) -> None:
+    def __init__(self, reason: str, offset: int | None = None, *, whole: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.offset = offset
+        # A size refusal is about the whole value, not the item that happened
+        # to cross the bound: its path is always "$".
+        self.whole = whole
         self.segments: list[int | str] = []
 
     def error(self, field: str) -> InvalidValueError:
-        return InvalidValueError(
-            self.reason, field=field, path=_render_path(reversed(self.segments)), offset=self.offset
-        )
+        path = "$" if self.whole else _render_path(reversed(self.segments))
+        return InvalidValueError(self.reason, field=field, path=path, offset=self.offset)
 
 
 def _render_path(segments: object) -> str:
@@ -141,7 +175,7 @@ def _encode_item(value: object, out: bytearray, depth: int, limit: int) -> None:
     elif t is int:
         if value >= 0:  # type: ignore[operator]
             if value < 256:  # type: ignore[operator]
-                out += _UINT_HEAD[value]  # type: ignore[index]
+                out += _UINT_HEAD[value]  # type: ignore[call-overload]
             elif value <= _INT64_MAX:  # type: ignore[operator]
                 out += _head(0, value)  # type: ignore[arg-type]
             else:
@@ -158,7 +192,7 @@ def _encode_item(value: object, out: bytearray, depth: int, limit: int) -> None:
         if depth >= MAX_DEPTH:
             raise _Refusal(f"nesting deeper than {MAX_DEPTH} levels")
         if len(out) > limit:
-            raise _Refusal("encoded size exceeds the limit")
+            raise _Refusal("encoded size exceeds the limit", whole=True)
         n = len(value)  # type: ignore[arg-type]
         out += _MAP_HEAD[n] if n < 256 else _head(5, n)
         try:
@@ -187,7 +221,7 @@ def _encode_item(value: object, out: bytearray, depth: int, limit: int) -> None:
         if depth >= MAX_DEPTH:
             raise _Refusal(f"nesting deeper than {MAX_DEPTH} levels")
         if len(out) > limit:
-            raise _Refusal("encoded size exceeds the limit")
+            raise _Refusal("encoded size exceeds the limit", whole=True)
         n = len(value)  # type: ignore[arg-type]
         out += _ARRAY_HEAD[n] if n < 256 else _head(4, n)
         item = None
@@ -198,7 +232,7 @@ def _encode_item(value: object, out: bytearray, depth: int, limit: int) -> None:
         except _Refusal as refusal:
             # Identity finds the failing element: an equal object earlier in
             # the list would have failed first.
-            refusal.segments.append(next(i for i, x in enumerate(value) if x is item))  # type: ignore[arg-type]
+            refusal.segments.append(next(i for i, x in enumerate(value) if x is item))  # type: ignore[arg-type, var-annotated]
             raise
     elif t is float:
         if value - value == 0.0:  # type: ignore[operator]
@@ -216,24 +250,49 @@ def _encode_item(value: object, out: bytearray, depth: int, limit: int) -> None:
     elif t is bytes:
         n = len(value)  # type: ignore[arg-type]
         out += _BYTES_HEAD[n] if n < 256 else _head(2, n)
-        out += value  # type: ignore[operator]
+        out += value  # type: ignore[arg-type]
     else:
-        raise _Refusal(f"{_type_name(value)} is not encodable (allowed: None, bool, int, float, str, bytes, list, tuple, dict)")
+        raise _Refusal(
+            f"{_type_name(value)} is not encodable"
+            " (allowed: None, bool, int, float, str, bytes, list, tuple, dict)"
+        )
 
 
 def _encode_into(value: object, out: bytearray, max_size: int, field: str) -> None:
     start = len(out)
     try:
         _encode_item(value, out, 0, start + max_size)
+        if len(out) - start > max_size:
+            raise _Refusal("encoded size exceeds the limit", whole=True)
     except _Refusal as refusal:
+        if refusal.whole:
+            refusal.reason = f"encoded size exceeds the limit of {max_size} bytes"
         raise refusal.error(field) from None
-    size = len(out) - start
-    if size > max_size:
-        raise InvalidValueError(
-            f"encoded size {size} bytes exceeds the limit of {max_size} bytes" if size - max_size < (1 << 30)
-            else f"encoded size exceeds the limit of {max_size} bytes",
-            field=field,
-        )
+
+
+def _python_encode(value: object, max_size: int = DEFAULT_MAX_SIZE) -> bytes:
+    """The pure-Python reference encoder, bypassing the C extension.
+
+    The same bytes and the same :class:`InvalidValueError` as
+    :func:`canonical_encode`; kept callable so that tests can compare the two.
+    """
+    _check_max_size(max_size)
+    out = bytearray()
+    _encode_into(value, out, max_size, "value")
+    return bytes(out)
+
+
+def _encode(value: object, max_size: int, field: str) -> bytes:
+    """The encoding of ``value``: by the C extension if present, else (or to explain a refusal) in Python."""
+    if _accelerated_encode is not None:
+        encoded = _accelerated_encode(value, max_size)
+        if encoded is not None:
+            return encoded
+    # Refused by the extension, or no extension: the Python walk raises the
+    # precise error (and is the definition of the bytes should the two disagree).
+    out = bytearray()
+    _encode_into(value, out, max_size, field)
+    return bytes(out)
 
 
 def _check_max_size(max_size: int) -> None:
@@ -250,9 +309,7 @@ def canonical_encode(value: object, *, max_size: int = DEFAULT_MAX_SIZE) -> byte
     Nothing is returned on refusal.
     """
     _check_max_size(max_size)
-    out = bytearray()
-    _encode_into(value, out, max_size, "value")
-    return bytes(out)
+    return _encode(value, max_size, "value")
 
 
 def _text_field(value: object, field: str) -> bytes:
@@ -263,7 +320,9 @@ def _text_field(value: object, field: str) -> bytes:
     try:
         raw = value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidValueError(f"contains a lone surrogate at index {exc.start}", field=field, path="") from None
+        raise InvalidValueError(
+            f"contains a lone surrogate at index {exc.start}", field=field, path=""
+        ) from None
     return _head(3, len(raw)) + raw
 
 
@@ -271,11 +330,40 @@ _RECORD_PREFIX: Final = b"\x85" + _head(3, len(INTENT_TAG)) + INTENT_TAG.encode(
 _TYPE_ITEMS: Final = {t: _head(3, len(t)) + t.encode("ascii") for t in COMMAND_TYPES}
 
 
+@dataclass(frozen=True)
+class EncodedIntent:
+    """A command's intent, encoded once: the bytes a receipt stores and both digests."""
+
+    arguments: bytes
+    """The canonical encoding of the arguments alone."""
+    record: bytes
+    """The canonical encoding of the intent record."""
+    digest: str
+    """The intent digest: lowercase hex SHA-256 of ``record``."""
+    arguments_digest: str
+    """Lowercase hex SHA-256 of ``arguments``."""
+
+
 def _check_arguments(arguments: object) -> None:
     if type(arguments) not in (list, tuple, dict):
         raise InvalidValueError(
             f"must be a list or a map, got {_type_name(arguments)}", field="arguments"
         )
+
+
+def _encode_record(
+    command_type: str, name: str, arguments: object, target: str | None, max_size: int
+) -> tuple[bytes, bytes]:
+    """(arguments bytes, record bytes), with the arguments encoded once."""
+    _check_max_size(max_size)
+    type_item = _TYPE_ITEMS.get(command_type) if type(command_type) is str else None
+    if type_item is None:
+        raise InvalidCommandTypeError(command_type)
+    name_item = _text_field(name, "name")
+    target_item = b"\xf6" if target is None else _text_field(target, "target")
+    _check_arguments(arguments)
+    encoded = _encode(arguments, max_size, "arguments")
+    return encoded, b"".join((_RECORD_PREFIX, type_item, name_item, encoded, target_item))
 
 
 def intent_record(
@@ -294,19 +382,7 @@ def intent_record(
     surrounding record.  ``target`` is ``None`` for instance scope or the
     selected run id for run scope.
     """
-    _check_max_size(max_size)
-    type_item = _TYPE_ITEMS.get(command_type) if type(command_type) is str else None
-    if type_item is None:
-        raise InvalidCommandTypeError(command_type)
-    name_item = _text_field(name, "name")
-    target_item = b"\xf6" if target is None else _text_field(target, "target")
-    _check_arguments(arguments)
-    out = bytearray(_RECORD_PREFIX)
-    out += type_item
-    out += name_item
-    _encode_into(arguments, out, max_size, "arguments")
-    out += target_item
-    return bytes(out)
+    return _encode_record(command_type, name, arguments, target, max_size)[1]
 
 
 def intent_digest(
@@ -318,9 +394,22 @@ def intent_digest(
     max_size: int = DEFAULT_MAX_SIZE,
 ) -> str:
     """Lowercase hex SHA-256 of :func:`intent_record` (contract §3)."""
-    return hashlib.sha256(
-        intent_record(command_type, name, arguments, target, max_size=max_size)
-    ).hexdigest()
+    return hashlib.sha256(_encode_record(command_type, name, arguments, target, max_size)[1]).hexdigest()
+
+
+def encode_intent(
+    command_type: str,
+    name: str,
+    arguments: object,
+    target: str | None = None,
+    *,
+    max_size: int = DEFAULT_MAX_SIZE,
+) -> EncodedIntent:
+    """Encode an intent once and return its bytes and digests (what admission stores)."""
+    encoded, record = _encode_record(command_type, name, arguments, target, max_size)
+    return EncodedIntent(
+        encoded, record, hashlib.sha256(record).hexdigest(), hashlib.sha256(encoded).hexdigest()
+    )
 
 
 def arguments_digest(arguments: object, *, max_size: int = DEFAULT_MAX_SIZE) -> str:
@@ -331,9 +420,7 @@ def arguments_digest(arguments: object, *, max_size: int = DEFAULT_MAX_SIZE) -> 
     """
     _check_max_size(max_size)
     _check_arguments(arguments)
-    out = bytearray()
-    _encode_into(arguments, out, max_size, "arguments")
-    return hashlib.sha256(out).hexdigest()
+    return hashlib.sha256(_encode(arguments, max_size, "arguments")).hexdigest()
 
 
 # --------------------------------------------------------------------------

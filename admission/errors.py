@@ -18,6 +18,10 @@ __all__ = [
     "InvalidRequestIdError",
     "InvalidValueError",
     "ReservedRequestIdError",
+    "RunStateError",
+    "SchemaRevisionError",
+    "StorageError",
+    "UnknownUpdateError",
 ]
 
 
@@ -110,3 +114,54 @@ class InvalidCommandTypeError(AdmissionError, ValueError):
         super().__init__(f"command_type: must be 'signal' or 'update', got {command_type!r}")
         self.field = "command_type"
         self.command_type = command_type
+
+
+class SchemaRevisionError(AdmissionError, RuntimeError):
+    """The database schema is not the revision this version reads (contract §6).
+
+    Nothing upgrades at start-up; the message names ``admission db upgrade``
+    when an upgrade is the way forward.  ``revision`` is what the database has.
+    """
+
+    code: ClassVar[str] = "schema_revision_unsupported"
+
+    def __init__(self, message: str, *, revision: str | None) -> None:
+        super().__init__(message)
+        self.revision = revision
+
+
+class RunStateError(AdmissionError, RuntimeError):
+    """A run-lifecycle call does not fit the run's state (starting an open
+    instance again, closing a run that is not open, completing a finished
+    update differently).  ``reason`` is a stable word; ``run_id`` the run."""
+
+    code: ClassVar[str] = "run_state"
+
+    def __init__(self, message: str, *, reason: str, run_id: str | None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.run_id = run_id
+
+
+class UnknownUpdateError(AdmissionError, LookupError):
+    """No update with this id exists in this instance."""
+
+    code: ClassVar[str] = "update_unknown"
+
+    def __init__(self, message: str, *, update_id: str) -> None:
+        super().__init__(message)
+        self.update_id = update_id
+
+
+class StorageError(AdmissionError, RuntimeError):
+    """The database failed or refused an operation; the driver's error is the cause.
+
+    ``constraint`` names the violated constraint when there is one (its name
+    on PostgreSQL, its columns on SQLite).
+    """
+
+    code: ClassVar[str] = "storage"
+
+    def __init__(self, message: str, *, constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.constraint = constraint

@@ -19,9 +19,7 @@ KEYS = st.one_of(
     TEXT,
     st.sampled_from(["", "a", "aa", "b", "é", "\uffff", "\U00010000", "\x00", "A"]),
 )
-SCALARS = st.one_of(
-    st.none(), st.booleans(), INT64, FLOATS, TEXT, st.binary(max_size=40)
-)
+SCALARS = st.one_of(st.none(), st.booleans(), INT64, FLOATS, TEXT, st.binary(max_size=40))
 VALUES = st.recursive(
     SCALARS,
     lambda children: st.one_of(

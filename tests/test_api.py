@@ -19,6 +19,7 @@ def test_public_api_is_pinned() -> None:
             "INTENT_VERSION",
             "MAX_DEPTH",
             "AdmissionError",
+            "EncodedIntent",
             "InvalidCommandTypeError",
             "InvalidRequestIdError",
             "InvalidValueError",
@@ -28,6 +29,7 @@ def test_public_api_is_pinned() -> None:
             "arguments_digest",
             "canonical_decode",
             "canonical_encode",
+            "encode_intent",
             "intent_digest",
             "intent_record",
             "normalize_request_id",
@@ -60,7 +62,9 @@ def imported_modules(module: str) -> set[str]:
 def test_pure_modules_import_no_database_or_io_library() -> None:
     for module in PURE_MODULES:
         imports = imported_modules(module)
-        assert not {n for n in imports if n.split(".")[0] in {"sqlalchemy", "alembic", "os", "time", "random"}}, module
+        assert not {
+            n for n in imports if n.split(".")[0] in {"sqlalchemy", "alembic", "os", "time", "random"}
+        }, module
 
 
 def test_errors_imports_nothing_from_admission() -> None:

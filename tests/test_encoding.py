@@ -254,7 +254,9 @@ def test_intent_record_is_the_canonical_five_element_array() -> None:
     record = intent_record("update", "approve", {"amount": 1.5}, "run-1")
     assert record == canonical_encode(["admission/intent/v1", "update", "approve", {"amount": 1.5}, "run-1"])
     assert canonical_decode(record) == ["admission/intent/v1", "update", "approve", {"amount": 1.5}, "run-1"]
-    assert intent_record("signal", "go", []) == canonical_encode(["admission/intent/v1", "signal", "go", [], None])
+    assert intent_record("signal", "go", []) == canonical_encode(
+        ["admission/intent/v1", "signal", "go", [], None]
+    )
 
 
 def test_intent_digest_distinguishes_every_part() -> None:
@@ -382,7 +384,9 @@ def poisoned(draw: st.DrawFn) -> tuple[object, str]:
         else:
             others = draw(st.dictionaries(st.sampled_from(["x", "y", "zz"]), SCALARS, max_size=2))
             value = {**others, step: value}
-            path = (f".{step}" if step.isidentifier() and step.isascii() else f'["{step}"]'.replace("é", "\\xe9")) + path
+            path = (
+                f".{step}" if step.isidentifier() and step.isascii() else f'["{step}"]'.replace("é", "\\xe9")
+            ) + path
     return value, "$" + path
 
 
@@ -431,3 +435,25 @@ def test_intent_digest_equals_sha256_of_the_encoded_record(arguments: object) ->
     record = canonical_encode(["admission/intent/v1", "update", "n", arguments, None])
     assert intent_record("update", "n", arguments) == record
     assert intent_digest("update", "n", arguments) == hashlib.sha256(record).hexdigest()
+
+
+@given(
+    ARGUMENTS, st.sampled_from(["signal", "update"]), st.one_of(st.none(), st.text(min_size=1, max_size=5))
+)
+def test_encode_intent_agrees_with_the_separate_functions(
+    arguments: object, command_type: str, target: str | None
+) -> None:
+    import hashlib
+
+    from admission import encode_intent
+
+    assume(target is None or "\ud800" not in target)
+    encoded = encode_intent(command_type, "n", arguments, target)
+    assert encoded.record == intent_record(command_type, "n", arguments, target)
+    assert encoded.digest == intent_digest(command_type, "n", arguments, target)
+    assert encoded.arguments == canonical_encode(arguments)
+    assert (
+        encoded.arguments_digest
+        == arguments_digest(arguments)
+        == hashlib.sha256(encoded.arguments).hexdigest()
+    )

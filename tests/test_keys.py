@@ -81,7 +81,15 @@ def test_the_core_never_trims() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [(None, None), ("", None), ("   ", None), ("\t\n", None), (" a ", "a"), ("\u3000k\u2003", "k"), ("a b", "a b")],
+    [
+        (None, None),
+        ("", None),
+        ("   ", None),
+        ("\t\n", None),
+        (" a ", "a"),
+        ("\u3000k\u2003", "k"),
+        ("a b", "a b"),
+    ],
 )
 def test_http_normalisation_strips_and_blank_means_no_key(raw: str | None, expected: str | None) -> None:
     assert normalize_request_id(raw) == expected
