@@ -1,17 +1,25 @@
 """The ``admission`` command line: the composition root.
 
 This is the only module that reads the environment or parses command-line
-input.  Every command prints JSON on stdout; bad input prints one clear line
+input.  Every command prints JSON on stdout.  Bad input prints one clear line
 naming the field on stderr, exits 2 and writes nothing.
+
+Exit codes: 0 fresh or retained; 1 a check found a mismatch; 2 invalid
+input; 3 the database is not at the schema revision this version reads;
+4 refused by run state (``run_not_active``, ``rejected_not_current``, a
+lifecycle call that does not fit); 9 ``request_id_conflict``; 10
+``request_id_ambiguous``; 5 a storage failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from admission import __version__
 from admission.encoding import (
@@ -21,19 +29,46 @@ from admission.encoding import (
     canonical_encode,
     intent_digest,
 )
-from admission.errors import AdmissionError
+from admission.errors import AdmissionError, RunStateError, SchemaRevisionError, StorageError
 from admission.keys import receipt_token, validate_request_id
+from admission.outcomes import Admission, Decision
 
-__all__ = ["EXIT_FAILED", "EXIT_INVALID", "EXIT_OK", "build_parser", "main", "parse_json_arguments"]
+if TYPE_CHECKING:
+    from admission.service import AdmissionService
+
+__all__ = [
+    "EXIT_AMBIGUOUS",
+    "EXIT_CONFLICT",
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_REFUSED",
+    "EXIT_SCHEMA",
+    "EXIT_STORAGE",
+    "build_parser",
+    "main",
+    "parse_json_value",
+]
 
 EXIT_OK = 0
-"""The command did what was asked."""
-
+"""The command did what was asked: a fresh or a retained answer."""
 EXIT_FAILED = 1
 """A check ran and found a mismatch (for example a golden vector)."""
-
 EXIT_INVALID = 2
 """The input was refused; nothing was written."""
+EXIT_SCHEMA = 3
+"""The database is not at the schema revision this version reads."""
+EXIT_REFUSED = 4
+"""Refused by run state: ``run_not_active``, ``rejected_not_current``, or a lifecycle call
+that does not fit the run."""
+EXIT_STORAGE = 5
+"""The database failed or is unavailable."""
+EXIT_CONFLICT = 9
+"""``request_id_conflict``: the key names another intent; nothing was written."""
+EXIT_AMBIGUOUS = 10
+"""``request_id_ambiguous``: the key cannot be proven to name one receipt; nothing was written."""
+
+ENV_DB = "ADMISSION_DB"
 
 
 class _InputError(Exception):
@@ -43,56 +78,65 @@ class _InputError(Exception):
         super().__init__(f"{field}: {reason}")
 
 
-def _refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            # JSON parsers keep the last duplicate silently; for an intent that
-            # would hash a value the caller may not have meant.
-            raise _InputError("--args", f"duplicate object key {key!r}")
-        result[key] = value
-    return result
-
-
-def parse_json_arguments(text: str) -> object:
-    """Parse ``--args`` JSON so that the typed value survives exactly.
+def parse_json_value(text: str, field: str = "--args") -> object:
+    """Parse JSON so that the typed value survives exactly.
 
     ``1`` stays an int and ``1.0`` a float, ``-0.0`` keeps its sign, and
     ``NaN`` / ``Infinity`` / ``-Infinity`` are accepted as floats.  Duplicate
-    object keys are refused.
+    object keys are refused (a JSON parser would keep the last one silently,
+    and the digest would cover a value the caller may not have meant).
     """
+
+    def refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        result: dict[str, object] = {}
+        for key, value in pairs:
+            if key in result:
+                raise _InputError(field, f"duplicate object key {key!r}")
+            result[key] = value
+        return result
+
     try:
-        return json.loads(text, object_pairs_hook=_refuse_duplicates)
+        return json.loads(text, object_pairs_hook=refuse_duplicates)
     except json.JSONDecodeError as exc:
-        raise _InputError("--args", f"not valid JSON ({exc.msg} at char {exc.pos})") from None
+        raise _InputError(field, f"not valid JSON ({exc.msg} at char {exc.pos})") from None
 
 
-def _arguments_from(args: argparse.Namespace) -> object:
-    if args.args is not None and args.args_cbor is not None:
-        raise _InputError("--args", "give either --args or --args-cbor, not both")
-    if args.args_cbor is not None:
+def _typed_input(json_text: str | None, cbor_hex: str | None, field: str, default: object) -> object:
+    if json_text is not None and cbor_hex is not None:
+        raise _InputError(field, f"give either {field} or {field}-cbor, not both")
+    if cbor_hex is not None:
         try:
-            data = bytes.fromhex(args.args_cbor)
+            data = bytes.fromhex(cbor_hex)
         except ValueError:
-            raise _InputError("--args-cbor", "not a hex string") from None
+            raise _InputError(f"{field}-cbor", "not a hex string") from None
         try:
             return canonical_decode(data)
         except AdmissionError as exc:
-            raise _InputError("--args-cbor", str(exc)) from None
-    if args.args is not None:
-        return parse_json_arguments(args.args)
-    return {}
+            raise _InputError(f"{field}-cbor", str(exc)) from None
+    if json_text is not None:
+        return parse_json_value(json_text, field)
+    return default
+
+
+def _arguments_from(args: argparse.Namespace) -> object:
+    return _typed_input(args.args, args.args_cbor, "--args", {})
+
+
+def _print_json(payload: object) -> None:
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+# -- commands without a database ---------------------------------------------------------
 
 
 def _cmd_intent(args: argparse.Namespace) -> int:
     arguments = _arguments_from(args)
-    digest = intent_digest(args.type, args.name, arguments, args.target)
     report: dict[str, object] = {
         "encoding": INTENT_VERSION,
         "command_type": args.type,
         "name": args.name,
         "target": args.target,
-        "intent_digest": digest,
+        "intent_digest": intent_digest(args.type, args.name, arguments, args.target),
         "arguments_digest": arguments_digest(arguments),
         "arguments_cbor": canonical_encode(arguments).hex(),
     }
@@ -125,8 +169,157 @@ def _cmd_vectors_verify(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _print_json(payload: dict[str, object]) -> None:
-    print(json.dumps(payload, indent=2, ensure_ascii=False))
+# -- commands on a database ---------------------------------------------------------------
+
+
+def _db_url(args: argparse.Namespace) -> str:
+    from admission.sql import DEFAULT_URL
+
+    url: str = args.db or os.environ.get(ENV_DB) or DEFAULT_URL
+    return url
+
+
+def _service(args: argparse.Namespace) -> AdmissionService:
+    # Imported here so that commands without a database stay quick to start.
+    from admission.service import AdmissionService
+    from admission.sql import SqlStore
+
+    return AdmissionService(SqlStore.open(_db_url(args)))
+
+
+def _exit_for(answer: Admission) -> int:
+    if answer.decision is Decision.CONFLICT:
+        return EXIT_CONFLICT
+    if answer.decision is Decision.AMBIGUOUS:
+        return EXIT_AMBIGUOUS
+    if answer.outcome in ("run_not_active", "rejected_not_current"):
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+def _cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from admission.migrate import revision_of, upgrade
+    from admission.sql import create_admission_engine
+
+    engine = create_admission_engine(_db_url(args))
+    before = revision_of(engine)
+    after = upgrade(engine, args.revision)
+    engine.dispose()
+    _print_json({"database": _db_url(args), "from_revision": before, "revision": after})
+    return EXIT_OK
+
+
+def _cmd_db_downgrade(args: argparse.Namespace) -> int:
+    from admission.migrate import downgrade, revision_of
+    from admission.sql import create_admission_engine
+
+    engine = create_admission_engine(_db_url(args))
+    before = revision_of(engine)
+    try:
+        after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
+    except RuntimeError as exc:
+        print(f"admission: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    finally:
+        engine.dispose()
+    _print_json({"database": _db_url(args), "from_revision": before, "revision": after})
+    return EXIT_OK
+
+
+def _cmd_db_check(args: argparse.Namespace) -> int:
+    from admission.migrate import revision_of
+    from admission.schema import HEAD_REVISION, check_revision
+    from admission.sql import create_admission_engine
+
+    engine = create_admission_engine(_db_url(args))
+    revision = revision_of(engine)
+    report: dict[str, object] = {"database": _db_url(args), "revision": revision, "head": HEAD_REVISION}
+    try:
+        with engine.connect() as conn:
+            check_revision(conn)
+    except SchemaRevisionError as exc:
+        report["ok"] = False
+        report["message"] = str(exc)
+        _print_json(report)
+        return EXIT_SCHEMA
+    finally:
+        engine.dispose()
+    report["ok"] = True
+    _print_json(report)
+    return EXIT_OK
+
+
+def _cmd_start(args: argparse.Namespace) -> int:
+    _print_json(_service(args).start_run(args.namespace, args.workflow_id, run_id=args.run_id).to_dict())
+    return EXIT_OK
+
+
+def _cmd_close(args: argparse.Namespace) -> int:
+    service = _service(args)
+    if args.status == "continued":
+        run = service.continue_as_new(args.namespace, args.workflow_id, run_id=args.run)
+    else:
+        run = service.close_run(args.namespace, args.workflow_id, args.status, run_id=args.run)
+    _print_json(run.to_dict())
+    return EXIT_OK
+
+
+def _cmd_admit(args: argparse.Namespace) -> int:
+    arguments = _arguments_from(args)
+    service = _service(args)
+    admit = service.admit_signal if args.command == "signal" else service.admit_update
+    answer = admit(
+        args.namespace, args.workflow_id, args.name, arguments, request_id=args.request_id, run_id=args.run
+    )
+    _print_json(answer.to_dict())
+    return _exit_for(answer)
+
+
+def _cmd_complete_update(args: argparse.Namespace) -> int:
+    service = _service(args)
+    if args.fail is not None:
+        if args.result is not None or args.result_cbor is not None:
+            raise _InputError("--fail", "a failed update has no result")
+        answer = service.fail_update(args.namespace, args.workflow_id, args.update_id, args.fail)
+    else:
+        result = _typed_input(args.result, args.result_cbor, "--result", None)
+        answer = service.complete_update(args.namespace, args.workflow_id, args.update_id, result)
+    _print_json(answer.to_dict())
+    return EXIT_OK
+
+
+def _cmd_receipt(args: argparse.Namespace) -> int:
+    answer = _service(args).receipt(args.namespace, args.workflow_id, args.type, args.request_id)
+    if answer is None:
+        _print_json({"request_id": args.request_id, "command_type": args.type, "receipt": None})
+        return EXIT_FAILED
+    _print_json(answer.to_dict())
+    return _exit_for(answer)
+
+
+def _cmd_history(args: argparse.Namespace) -> int:
+    events = _service(args).history(args.namespace, args.workflow_id)
+    _print_json([e.to_dict() for e in events])
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from admission.demo import run_demo
+
+    return run_demo(args.db, workers=args.workers)
+
+
+# -- the parser ------------------------------------------------------------------------------
+
+
+def _instance_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workflow_id", metavar="WORKFLOW_ID")
+    parser.add_argument("--namespace", default="default", help="isolation boundary (default: default)")
+
+
+def _typed_arguments(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    parser.add_argument(flag, help=f"{what} as JSON (1 and 1.0, -0.0 and NaN are kept apart)")
+    parser.add_argument(f"{flag}-cbor", help=f"{what} as canonical CBOR, in hex")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -136,28 +329,84 @@ def build_parser() -> argparse.ArgumentParser:
         description="Safe retries of signals and updates for workflow engines.",
     )
     parser.add_argument("--version", action="version", version=f"admission {__version__}")
+    parser.add_argument(
+        "--db", help=f"database URL (default: ${ENV_DB}, else an embedded SQLite file admission.sqlite3)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    intent = commands.add_parser(
-        "intent",
-        help="print the receipt token and intent digest of a command",
-        description="Print the canonical encoding, intent digest and receipt token of a command.",
-    )
+    intent = commands.add_parser("intent", help="print the receipt token and intent digest of a command")
     intent.add_argument("--type", required=True, choices=("signal", "update"), help="command type")
     intent.add_argument("--name", required=True, help="canonical command name")
-    intent.add_argument("--args", help="arguments as JSON (a list or an object)")
-    intent.add_argument("--args-cbor", help="arguments as canonical CBOR, in hex")
+    _typed_arguments(intent, "--args", "arguments (a list or an object)")
     intent.add_argument("--target", help="selected run id (run scope); omit for instance scope")
     intent.add_argument("--request-id", help="the command key")
     intent.set_defaults(handler=_cmd_intent)
 
     vectors = commands.add_parser("vectors", help="golden vectors")
     vector_commands = vectors.add_subparsers(dest="vectors_command", required=True, metavar="ACTION")
-    verify = vector_commands.add_parser(
-        "verify", help="re-derive every golden vector; exit 1 on any mismatch"
-    )
+    verify = vector_commands.add_parser("verify", help="re-derive every golden vector; exit 1 on a mismatch")
     verify.add_argument("directory", nargs="?", default="vectors", metavar="DIR")
     verify.set_defaults(handler=_cmd_vectors_verify)
+
+    db = commands.add_parser("db", help="schema revisions (alembic)")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
+    db_upgrade.add_argument("--revision", default="head")
+    db_upgrade.set_defaults(handler=_cmd_db_upgrade)
+    db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
+    db_check.set_defaults(handler=_cmd_db_check)
+    db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")
+    db_downgrade.add_argument("revision", metavar="REVISION")
+    db_downgrade.add_argument(
+        "--allow-unsafe", action="store_true", help="downgrade even though receipts with intent digests exist"
+    )
+    db_downgrade.set_defaults(handler=_cmd_db_downgrade)
+
+    start = commands.add_parser("start", help="start a run of a workflow instance")
+    _instance_arguments(start)
+    start.add_argument("--run-id", help="the new run's id (default: generated)")
+    start.set_defaults(handler=_cmd_start)
+
+    close = commands.add_parser("close", help="close the current run")
+    _instance_arguments(close)
+    close.add_argument(
+        "--status",
+        required=True,
+        choices=("completed", "failed", "cancelled", "terminated", "continued"),
+        help="how the run ends; continued starts a successor (continue-as-new)",
+    )
+    close.add_argument("--run", help="the run expected to be current")
+    close.set_defaults(handler=_cmd_close)
+
+    for command in ("signal", "update"):
+        admit = commands.add_parser(command, help=f"admit a{'n' if command == 'update' else ''} {command}")
+        _instance_arguments(admit)
+        admit.add_argument("name", metavar="NAME")
+        _typed_arguments(admit, "--args", "arguments (a list or an object)")
+        admit.add_argument("--request-id", help="the command key that makes retries safe")
+        admit.add_argument("--run", help="select this run (run scope) instead of the current one")
+        admit.set_defaults(handler=_cmd_admit)
+
+    complete = commands.add_parser("complete-update", help="complete (or fail) an accepted update")
+    _instance_arguments(complete)
+    complete.add_argument("update_id", metavar="UPDATE_ID")
+    _typed_arguments(complete, "--result", "the result (default null)")
+    complete.add_argument("--fail", metavar="MESSAGE", help="fail the update with this message instead")
+    complete.set_defaults(handler=_cmd_complete_update)
+
+    receipt = commands.add_parser("receipt", help="read the receipt a key names")
+    _instance_arguments(receipt)
+    receipt.add_argument("--type", required=True, choices=("signal", "update"))
+    receipt.add_argument("--request-id", required=True)
+    receipt.set_defaults(handler=_cmd_receipt)
+
+    history = commands.add_parser("history", help="print the event log of an instance")
+    _instance_arguments(history)
+    history.set_defaults(handler=_cmd_history)
+
+    demo = commands.add_parser("demo", help="play a lost response, a retry, a conflict and a burst")
+    demo.add_argument("--workers", type=int, default=8, help="concurrent callers in the burst (default 8)")
+    demo.set_defaults(handler=_cmd_demo)
     return parser
 
 
@@ -169,6 +418,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _InputError as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    except SchemaRevisionError as exc:
+        print(f"admission: {exc}", file=sys.stderr)
+        return EXIT_SCHEMA
+    except RunStateError as exc:
+        print(f"admission: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except StorageError as exc:
+        print(f"admission: {exc}", file=sys.stderr)
+        return EXIT_STORAGE
     except AdmissionError as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_INVALID

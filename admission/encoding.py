@@ -346,9 +346,7 @@ class EncodedIntent:
 
 def _check_arguments(arguments: object) -> None:
     if type(arguments) not in (list, tuple, dict):
-        raise InvalidValueError(
-            f"must be a list or a map, got {_type_name(arguments)}", field="arguments"
-        )
+        raise InvalidValueError(f"must be a list or a map, got {_type_name(arguments)}", field="arguments")
 
 
 def _encode_record(
@@ -470,9 +468,7 @@ def _decode_simple(data: bytes, pos: int, ai: int) -> _Decoded:
             return float("inf"), pos + 3
         if half == b"\xfc\x00":
             return float("-inf"), pos + 3
-        raise _Refusal(
-            "half-precision float other than f97e00 (NaN), f97c00 (+inf), f9fc00 (-inf)", pos
-        )
+        raise _Refusal("half-precision float other than f97e00 (NaN), f97c00 (+inf), f9fc00 (-inf)", pos)
     if ai == 27:
         if pos + 9 > len(data):
             raise _Refusal("truncated double-precision float", pos)
@@ -553,7 +549,8 @@ def _decode_item(data: bytes, pos: int, depth: int) -> _Decoded:
             raw_key = bytes(data[key_start:key_end])
             if index and raw_key <= previous:
                 raise _Refusal(
-                    "duplicate map key" if raw_key == previous
+                    "duplicate map key"
+                    if raw_key == previous
                     else "map keys not sorted by their UTF-8 bytes",
                     key_pos,
                 )
@@ -596,4 +593,3 @@ def canonical_decode(data: bytes, *, max_size: int = DEFAULT_MAX_SIZE) -> Value:
             f"{len(buf) - end} trailing bytes after the value", field="data", path="", offset=end
         )
     return value
-

@@ -1,10 +1,16 @@
-"""Test-run settings shared by every test module."""
+"""Test-run settings and the storage fixtures shared by every test module."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+
+from admission.store import MemoryStore, Store
+from tests.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
 
 # "ci" runs more examples than a developer's default run, derandomised so a
 # failure on CI reproduces; HYPOTHESIS_PROFILE picks another.
@@ -18,3 +24,32 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture(scope="session")
+def postgres_pool() -> Iterator[PostgresPool]:
+    """The session's PostgreSQL server, started on first use."""
+    pool = PostgresPool()
+    yield pool
+    pool.stop()
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def sql_backend(request: pytest.FixtureRequest) -> str:
+    """Each SQL backend the ``ADMISSION_TEST_BACKEND`` switch selects."""
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> str:
+    """A fresh database at the head revision on the backend under test."""
+    return database_url(sql_backend, postgres_pool, tmp_path)
+
+
+@pytest.fixture(params=["memory", *SQL_BACKENDS])
+def store(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path: Path) -> Iterator[Store]:
+    """The contract suite's store: the in-memory reference, and each selected SQL backend."""
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    yield from open_store(database_url(str(request.param), postgres_pool, tmp_path))

@@ -104,3 +104,81 @@ def test_vectors_verify_exits_nonzero_on_a_mismatch(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert json.loads(result.stdout)["ok"] is False
     assert result.stderr.strip()
+
+
+# -- commands on a database ---------------------------------------------------------------
+
+
+def run_db(url: str, *args: str) -> tuple[int, object, str]:
+    result = run("--db", url, *args)
+    payload = json.loads(result.stdout) if result.stdout.strip() else None
+    return result.returncode, payload, result.stderr
+
+
+def test_a_database_below_head_is_refused_naming_the_upgrade_command(tmp_path: Path) -> None:
+    code, payload, stderr = run_db(f"sqlite:///{tmp_path / 'new.sqlite3'}", "start", "wf")
+    assert code == 3 and payload is None
+    assert "admission db upgrade" in stderr
+
+
+def test_cli_lifecycle_with_exit_codes(db_url: str) -> None:
+    assert run_db(db_url, "signal", "wf", "go")[0] == 4
+    code, run_info, _ = run_db(db_url, "start", "wf")
+    assert code == 0
+    code, first, _ = run_db(
+        db_url, "update", "wf", "approve", "--args", '{"amount": -0.0}', "--request-id", "k"
+    )
+    assert code == 0 and first["outcome"] == "accepted" and first["retained"] is False  # type: ignore[index]
+    code, again, _ = run_db(
+        db_url,
+        "update",
+        "wf",
+        "approve",
+        "--args-cbor",
+        "a166616d6f756e74fb8000000000000000",
+        "--request-id",
+        "k",
+    )
+    assert code == 0 and again["retained"] is True and again["command_id"] == first["command_id"]  # type: ignore[index]
+    code, conflict, _ = run_db(
+        db_url, "update", "wf", "approve", "--args", '{"amount": 0.0}', "--request-id", "k"
+    )
+    assert code == 9 and conflict["conflict"] == ["arguments"]  # type: ignore[index]
+    code, done, _ = run_db(db_url, "complete-update", "wf", first["update_id"], "--result", "[1, NaN]")  # type: ignore[index]
+    assert code == 0 and done["http_status"] == 200  # type: ignore[index]
+    code, receipt, _ = run_db(db_url, "receipt", "wf", "--type", "update", "--request-id", "k")
+    assert code == 0 and receipt["update_status"] == "completed"  # type: ignore[index]
+    code, _, _ = run_db(db_url, "signal", "wf", "go", "--run", "other-run")
+    assert code == 4
+    code, history, _ = run_db(db_url, "history", "wf")
+    assert [e["event_type"] for e in history] == [  # type: ignore[union-attr]
+        "CommandRejected",
+        "RunStarted",
+        "UpdateAccepted",
+        "UpdateCompleted",
+        "CommandRejected",
+    ]
+    assert run_info["status"] == "open"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--args", "{bad"], "--args"),
+        (["--request-id", ""], "request_id"),
+        (["--args", "[1]", "--args-cbor", "80"], "--args"),
+        (["--args", '{"x": {"y": 18446744073709551616}}'], "$.x.y"),
+    ],
+)
+def test_cli_bad_admission_input_writes_nothing(db_url: str, args: list[str], field: str) -> None:
+    run_db(db_url, "start", "wf")
+    code, payload, stderr = run_db(db_url, "signal", "wf", "go", *args)
+    assert code == 2 and payload is None and field in stderr
+    assert len(run_db(db_url, "history", "wf")[1]) == 1  # type: ignore[arg-type]
+
+
+def test_demo_tells_its_story_and_checks_itself(tmp_path: Path) -> None:
+    result = run("--db", f"sqlite:///{tmp_path / 'demo.sqlite3'}", "demo")
+    assert result.returncode == 0, result.stderr
+    assert "retained: true" in result.stdout and "request_id_conflict" in result.stdout
+    assert "1 fresh, 7 retained" in result.stdout

@@ -102,13 +102,39 @@ NANS = st.integers(min_value=1, max_value=2**52 - 1).flatmap(
 )
 SPECIAL_FLOATS = st.sampled_from(
     [
-        0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1.7976931348623157e308,
-        math.inf, -math.inf, math.nan,
+        0.0,
+        -0.0,
+        5e-324,
+        -5e-324,
+        2.2250738585072014e-308,
+        1.7976931348623157e308,
+        math.inf,
+        -math.inf,
+        math.nan,
     ]
 )
 ODD_KEYS = st.sampled_from(
-    ["", "a", "aa", "b", "\x00", "\x7f", "\x80", "\xe9", "\u07ff", "\u0800", "\ud7ff", "\ue000",
-     "\uffff", "\U00010000", "\U0010ffff", "a\x00", "A", "Z", "\u00ff\u0100"]
+    [
+        "",
+        "a",
+        "aa",
+        "b",
+        "\x00",
+        "\x7f",
+        "\x80",
+        "\xe9",
+        "\u07ff",
+        "\u0800",
+        "\ud7ff",
+        "\ue000",
+        "\uffff",
+        "\U00010000",
+        "\U0010ffff",
+        "a\x00",
+        "A",
+        "Z",
+        "\u00ff\u0100",
+    ]
 )
 ALLOWED_KEYS = st.one_of(KEYS, ODD_KEYS, BIG_TEXT.filter(lambda s: len(s) < 300))
 
@@ -145,9 +171,28 @@ LONE_SURROGATES = st.sampled_from(
 BAD_SCALARS = st.one_of(
     st.sampled_from(
         [
-            2**63, -(2**63) - 1, 2**100, Color.RED, Number(1), Real(1.5), Text("a"), bytearray(b"x"),
-            memoryview(b"x"), Decimal("1.5"), 1j, object(), {1, 2}, frozenset(), OrderedDict(a=1),
-            Mapping(a=1), Items([1]), Pair(1, 2), range(3), ..., NotImplemented, type,
+            2**63,
+            -(2**63) - 1,
+            2**100,
+            Color.RED,
+            Number(1),
+            Real(1.5),
+            Text("a"),
+            bytearray(b"x"),
+            memoryview(b"x"),
+            Decimal("1.5"),
+            1j,
+            object(),
+            {1, 2},
+            frozenset(),
+            OrderedDict(a=1),
+            Mapping(a=1),
+            Items([1]),
+            Pair(1, 2),
+            range(3),
+            ...,
+            NotImplemented,
+            type,
         ]
     ),
     LONE_SURROGATES,
@@ -156,8 +201,14 @@ BAD_KEYS = st.one_of(
     st.sampled_from([1, 0, -1, 1.5, None, True, b"a", (1,), Text("a"), Color.RED]), LONE_SURROGATES
 )
 GOOD_SCALARS = st.one_of(
-    st.none(), st.booleans(), INT64, BOUNDARY_INTS.filter(lambda n: -(2**63) <= n < 2**63),
-    FLOAT_BITS, SPECIAL_FLOATS, NANS, st.text(max_size=10).filter(lambda s: s.isprintable()),
+    st.none(),
+    st.booleans(),
+    INT64,
+    BOUNDARY_INTS.filter(lambda n: -(2**63) <= n < 2**63),
+    FLOAT_BITS,
+    SPECIAL_FLOATS,
+    NANS,
+    st.text(max_size=10).filter(lambda s: s.isprintable()),
     st.binary(max_size=30),
 )
 
@@ -281,13 +332,52 @@ def test_shared_strategy_values(value: object) -> None:
 @pytest.mark.parametrize(
     "value",
     [
-        None, True, False, 0, -1, 23, 24, -24, -25, 2**63 - 1, -(2**63), 2**63, -(2**63) - 1,
-        0.0, -0.0, 5e-324, math.nan, -math.nan, math.inf, -math.inf,
-        "", "x" * 23, "x" * 24, "\xe9" * 128, "\U0001f600" * 64, "\ud800", b"", b"\x00" * 65536,
-        [], (), {}, [[[]]], {"b": 1, "aa": 2, "a": 3, "": 4},
+        None,
+        True,
+        False,
+        0,
+        -1,
+        23,
+        24,
+        -24,
+        -25,
+        2**63 - 1,
+        -(2**63),
+        2**63,
+        -(2**63) - 1,
+        0.0,
+        -0.0,
+        5e-324,
+        math.nan,
+        -math.nan,
+        math.inf,
+        -math.inf,
+        "",
+        "x" * 23,
+        "x" * 24,
+        "\xe9" * 128,
+        "\U0001f600" * 64,
+        "\ud800",
+        b"",
+        b"\x00" * 65536,
+        [],
+        (),
+        {},
+        [[[]]],
+        {"b": 1, "aa": 2, "a": 3, "": 4},
         {"\U00010000": 0, "\uffff": 0, "\ue000": 0, "\ud7ff": 0, "\x7f": 0, "\x80": 0},
-        {"b": 1, 1: 2}, {(1,): 1}, {Text("a"): 1}, [bytearray()], [{1, 2}], [Color.RED],
-        True.__class__, Number(5), Real(0.5), Mapping(), Items(), Pair(1, 2),
+        {"b": 1, 1: 2},
+        {(1,): 1},
+        {Text("a"): 1},
+        [bytearray()],
+        [{1, 2}],
+        [Color.RED],
+        True.__class__,
+        Number(5),
+        Real(0.5),
+        Mapping(),
+        Items(),
+        Pair(1, 2),
     ],
 )
 def test_edge_values(value: object) -> None:
@@ -310,8 +400,11 @@ def test_depth_limit_exactly() -> None:
 
 @requires_extension
 def test_every_size_limit_around_the_exact_size() -> None:
-    value = {"items": [{"sku": f"SKU-{i:05d}", "tags": ["a", "bb"], "price": i / 3} for i in range(40)],
-             "blob": b"\x01" * 300, "name": "Zo\xeb" * 90}
+    value = {
+        "items": [{"sku": f"SKU-{i:05d}", "tags": ["a", "bb"], "price": i / 3} for i in range(40)],
+        "blob": b"\x01" * 300,
+        "name": "Zo\xeb" * 90,
+    }
     size = len(encoding._python_encode(value))
     for max_size in [*range(1, 40), *range(size - 400, size + 3)]:
         assert c_outcome(value, max_size) == python_outcome(value, max_size), max_size
@@ -364,9 +457,7 @@ def test_limit_argument_is_checked() -> None:
 @given(
     command_type=st.sampled_from(["signal", "update"]),
     name=st.sampled_from(["approve", "\xe9t\xe9", "x" * 30]),
-    arguments=st.one_of(
-        st.lists(MIXED, max_size=4), st.dictionaries(ALLOWED_KEYS, MIXED, max_size=4), MIXED
-    ),
+    arguments=st.one_of(st.lists(MIXED, max_size=4), st.dictionaries(ALLOWED_KEYS, MIXED, max_size=4), MIXED),
     target=st.sampled_from([None, "run-1", "r\xe9"]),
     max_size=SIZES,
 )

@@ -1,0 +1,1 @@
+"""Alembic migrations of admission's schema, shipped inside the package."""

@@ -1,0 +1,210 @@
+"""The database schema, declared with SQLAlchemy Core, and the revision check.
+
+Table names follow the upstream engine (``workflow_instances``,
+``workflow_runs``, ``workflow_commands``, ``workflow_updates``,
+``workflow_history_events``) so that legacy receipt databases upgrade in
+place (contract §6).  Alembic owns the schema: ``admission/migrations``
+holds revision ``0001`` (the receipt schema before intents, the shape legacy
+databases have) and ``0002`` (the intent columns, DDL only).  This module
+declares the head; a test proves ``upgrade head`` produces exactly it.
+
+Values stored as bytes (arguments, results, contexts, event payloads) are in
+the canonical encoding (contract §3), so a stored receipt can re-verify its own
+digest and a literal key with NUL or 4-byte characters round-trips on every
+backend.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Connection
+
+from admission.errors import SchemaRevisionError
+
+__all__ = [
+    "HEAD_REVISION",
+    "KNOWN_REVISIONS",
+    "check_revision",
+    "current_revision",
+    "metadata",
+    "workflow_commands",
+    "workflow_history_events",
+    "workflow_instances",
+    "workflow_runs",
+    "workflow_updates",
+]
+
+HEAD_REVISION: Final = "0002"
+"""The schema revision this version of admission reads and writes."""
+
+KNOWN_REVISIONS: Final = ("0001", "0002")
+"""Every revision admission has shipped, oldest first."""
+
+NAMING_CONVENTION: Final = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+"""All of admission's tables."""
+
+# SQLite only auto-increments an INTEGER PRIMARY KEY (the rowid alias).
+_Position = BigInteger().with_variant(Integer(), "sqlite")
+_Time = DateTime(timezone=True)
+
+workflow_instances = Table(
+    "workflow_instances",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("namespace", String(255), nullable=False),
+    Column("workflow_id", String(255), nullable=False),
+    Column("current_run_id", String(36), nullable=True),
+    Column("created_at", _Time, nullable=False),
+    UniqueConstraint("namespace", "workflow_id"),
+)
+"""One row per (namespace, workflow_id): the row the admission lock takes."""
+
+workflow_runs = Table(
+    "workflow_runs",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("instance_id", String(36), ForeignKey("workflow_instances.id"), nullable=False),
+    Column("run_number", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("continued_from_run_id", String(36), nullable=True),
+    Column("started_at", _Time, nullable=False),
+    Column("closed_at", _Time, nullable=True),
+    UniqueConstraint("instance_id", "run_number"),
+)
+"""Runs of an instance: ``open``, or closed as completed/failed/cancelled/terminated/continued."""
+
+workflow_commands = Table(
+    "workflow_commands",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("instance_id", String(36), ForeignKey("workflow_instances.id"), nullable=False),
+    Column("run_id", String(36), ForeignKey("workflow_runs.id"), nullable=True),
+    Column("command_sequence", Integer, nullable=False),
+    Column("command_type", String(16), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("target_scope", String(8), nullable=False),
+    Column("requested_run_id", String(36), nullable=True),
+    # A receipt token (``update-v1:<hex>``) for rows written by this version;
+    # legacy rows may hold the raw key, a token, or NULL (contract §6).
+    Column("request_id", String(191), nullable=True),
+    # The canonical map {"request": {"request_id": <literal key>}}.
+    Column("context", LargeBinary, nullable=True),
+    Column("arguments", LargeBinary, nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("outcome", String(32), nullable=False),
+    Column("rejection_reason", String(64), nullable=True),
+    Column("created_at", _Time, nullable=False),
+    # Revision 0002: the admitted intent (contract §3).  NULL on legacy rows.
+    Column("intent_digest", String(64), nullable=True),
+    Column("arguments_digest", String(64), nullable=True),
+    Column("intent_encoding", String(16), nullable=True),
+    UniqueConstraint("instance_id", "command_sequence"),
+    # The backstop of the admission lock (contract §2.6, §4).
+    Index("workflow_commands_request_lookup", "instance_id", "command_type", "request_id", unique=True),
+    Index(None, "run_id"),
+)
+"""Commands and their receipts."""
+
+workflow_updates = Table(
+    "workflow_updates",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("command_id", String(36), ForeignKey("workflow_commands.id"), nullable=False, unique=True),
+    Column("instance_id", String(36), ForeignKey("workflow_instances.id"), nullable=False),
+    Column("run_id", String(36), ForeignKey("workflow_runs.id"), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("status", String(16), nullable=False),
+    # Canonical bytes of the result; a completed update with a NULL result
+    # (legacy) or f6 completed with null.
+    Column("result", LargeBinary, nullable=True),
+    Column("failure", String(2048), nullable=True),
+    Column("accepted_at", _Time, nullable=False),
+    Column("completed_at", _Time, nullable=True),
+    Index(None, "run_id"),
+)
+"""Updates: ``accepted`` then ``completed`` (with a result, possibly null) or ``failed``."""
+
+workflow_history_events = Table(
+    "workflow_history_events",
+    metadata,
+    Column("position", _Position, primary_key=True, autoincrement=True),
+    # PostgreSQL: the writing transaction's id (pg_current_xact_id), so that a
+    # reader never passes an event that commits later with a lower position
+    # (docs/event-log.md).  SQLite has one writer at a time and stores 0.
+    Column("tx_id", BigInteger, nullable=False),
+    Column("namespace", String(255), nullable=False),
+    Column("instance_id", String(36), ForeignKey("workflow_instances.id"), nullable=False),
+    Column("run_id", String(36), nullable=True),
+    Column("event_type", String(64), nullable=False),
+    Column("command_id", String(36), nullable=True),
+    Column("update_id", String(36), nullable=True),
+    Column("payload", LargeBinary, nullable=False),
+    Column("recorded_at", _Time, nullable=False),
+    Index(None, "instance_id", "position"),
+    Index(None, "tx_id", "position"),
+)
+"""The append-only event log: every admission, refusal and transition."""
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The alembic revision stamped in the database, or ``None`` if there is none."""
+    from sqlalchemy import inspect, text
+
+    if not inspect(connection).has_table("alembic_version"):
+        return None
+    rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(rows) != 1:
+        raise SchemaRevisionError(
+            f"alembic_version holds {len(rows)} rows; expected exactly one", revision=None
+        )
+    return str(rows[0])
+
+
+def check_revision(connection: Connection) -> str:
+    """Refuse to run against a schema revision other than the head (contract §6).
+
+    Nothing upgrades at start-up: an older revision names the upgrade
+    command, a newer or unknown one is refused as well.
+    """
+    revision = current_revision(connection)
+    if revision == HEAD_REVISION:
+        return revision
+    if revision is None:
+        raise SchemaRevisionError(
+            "the database has no admission schema; run `admission db upgrade --db URL`",
+            revision=None,
+        )
+    if revision in KNOWN_REVISIONS:
+        raise SchemaRevisionError(
+            f"the database is at schema revision {revision}, older than {HEAD_REVISION}; "
+            "back it up, then run `admission db upgrade --db URL`",
+            revision=revision,
+        )
+    raise SchemaRevisionError(
+        f"the database is at schema revision {revision!r}, which this version of admission "
+        f"does not know (it knows {', '.join(KNOWN_REVISIONS)}); use the admission release "
+        "that wrote it",
+        revision=revision,
+    )

@@ -1,0 +1,763 @@
+"""The admission service: validate, digest, lock, decide, write (contract §4, §5).
+
+Every method validates its input before it opens a transaction (bad input
+raises a typed error and writes nothing), then does all of its reading and
+deciding for one workflow instance under the admission lock, so concurrent
+first-time requests with one key admit exactly one command.  The decisions
+are the pure tables of :mod:`admission.outcomes`; this module only gathers
+their inputs and writes their results.
+
+Time and identifiers are parameters (``clock``, ``new_id``), so tests and
+engines control them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Final
+
+from admission.encoding import (
+    DEFAULT_MAX_SIZE,
+    INTENT_VERSION,
+    Value,
+    canonical_decode,
+    canonical_encode,
+    encode_intent,
+)
+from admission.errors import (
+    AdmissionError,
+    InvalidValueError,
+    RunStateError,
+    UnknownUpdateError,
+)
+from admission.keys import receipt_token, validate_request_id
+from admission.outcomes import (
+    Admission,
+    CommandType,
+    Decision,
+    Intent,
+    ReceiptJudgement,
+    StoredReceipt,
+    judge_receipts,
+    judge_target,
+    select_receipt,
+)
+from admission.store import CommandRow, EventRow, InstanceRow, LockedInstance, RunRow, Store, UpdateRow
+
+__all__ = ["AdmissionService", "HistoryEvent", "RunInfo", "utc_now"]
+
+CLOSED_STATUSES: Final = ("completed", "failed", "cancelled", "terminated", "continued")
+MAX_IDENTIFIER_LENGTH: Final = 255
+MAX_FAILURE_LENGTH: Final = 2048
+
+
+def utc_now() -> datetime:
+    """The default clock: the current time, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def _new_id() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as the service reports it."""
+
+    namespace: str
+    workflow_id: str
+    run_id: str
+    run_number: int
+    status: str
+    started_at: datetime
+    closed_at: datetime | None
+    continued_from_run_id: str | None
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form."""
+        return {
+            "namespace": self.namespace,
+            "workflow_id": self.workflow_id,
+            "run_id": self.run_id,
+            "run_number": self.run_number,
+            "status": self.status,
+            "started_at": self.started_at.isoformat(),
+            "closed_at": self.closed_at.isoformat() if self.closed_at else None,
+            "continued_from_run_id": self.continued_from_run_id,
+        }
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    """One event of an instance's history, decoded."""
+
+    position: int
+    event_type: str
+    run_id: str | None
+    command_id: str | None
+    update_id: str | None
+    recorded_at: datetime
+    payload: Value
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form."""
+        return {
+            "position": self.position,
+            "event_type": self.event_type,
+            "run_id": self.run_id,
+            "command_id": self.command_id,
+            "update_id": self.update_id,
+            "recorded_at": self.recorded_at.isoformat(),
+            "payload": _json_safe(self.payload),
+        }
+
+
+def _json_safe(value: Value) -> object:
+    if isinstance(value, bytes):
+        return {"$bytes": value.hex()}
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _identifier(value: object, field: str) -> str:
+    if type(value) is not str:
+        raise InvalidValueError(f"must be str, got {type(value).__name__}", field=field, path="")
+    if not value or len(value) > MAX_IDENTIFIER_LENGTH:
+        raise InvalidValueError(
+            f"must have 1 to {MAX_IDENTIFIER_LENGTH} characters, got {len(value)}", field=field, path=""
+        )
+    if "\x00" in value:
+        raise InvalidValueError("must not contain NUL", field=field, path="")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidValueError("is not valid Unicode", field=field, path="") from None
+    return value
+
+
+def _context(key: str | None) -> bytes | None:
+    return None if key is None else canonical_encode({"request": {"request_id": key}})
+
+
+def _literal_key(context: bytes | None) -> str | None:
+    """The literal key kept in a command's context, or ``None`` if it proves nothing."""
+    if context is None:
+        return None
+    try:
+        decoded = canonical_decode(context)
+    except AdmissionError:
+        return None
+    request = decoded.get("request") if isinstance(decoded, dict) else None
+    key = request.get("request_id") if isinstance(request, dict) else None
+    return key if isinstance(key, str) else None
+
+
+def _stored(row: CommandRow) -> StoredReceipt:
+    return StoredReceipt(
+        command_id=row.id,
+        request_id=row.request_id or "",
+        literal_key=_literal_key(row.context),
+        name=row.name,
+        target=row.requested_run_id if row.target_scope == "run" else None,
+        intent_digest=row.intent_digest,
+        arguments_digest=row.arguments_digest,
+    )
+
+
+def _result(update: UpdateRow) -> Value:
+    # A completed update keeps its result, possibly null; legacy rows may hold
+    # NULL for a completed-null result.
+    return None if update.result is None else canonical_decode(update.result)
+
+
+class AdmissionService:
+    """Admits signals and updates with command keys, on any :class:`Store`.
+
+    ``clock`` returns timezone-aware datetimes; ``new_id`` returns fresh
+    identifiers for instances, runs, commands and updates; ``max_size`` bounds
+    the encoded arguments and results.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        clock: Callable[[], datetime] = utc_now,
+        new_id: Callable[[], str] = _new_id,
+        max_size: int = DEFAULT_MAX_SIZE,
+    ) -> None:
+        self.store = store
+        self._clock = clock
+        self._new_id = new_id
+        self._max_size = max_size
+
+    # -- runs ---------------------------------------------------------------------
+
+    def start_run(
+        self, namespace: str, workflow_id: str, *, run_id: str | None = None, connection: object | None = None
+    ) -> RunInfo:
+        """Start a new run of an instance, registering the instance if it is new.
+
+        Refused with :class:`RunStateError` while the instance has an open run.
+        """
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        new_run_id = self._new_id() if run_id is None else _identifier(run_id, "run_id")
+        now = self._clock()
+        with self.store.locked(
+            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
+        ) as tx:
+            previous = tx.run(tx.instance.current_run_id) if tx.instance.current_run_id else None
+            if previous is not None and previous.status == "open":
+                raise RunStateError(
+                    f"workflow {workflow_id!r} already has an open run {previous.id}",
+                    reason="run_already_open",
+                    run_id=previous.id,
+                )
+            run = RunRow(
+                id=new_run_id,
+                instance_id=tx.instance.id,
+                run_number=1 if previous is None else previous.run_number + 1,
+                status="open",
+                continued_from_run_id=None,
+                started_at=now,
+                closed_at=None,
+            )
+            tx.insert_run(run)
+            tx.set_current_run(run.id)
+            self._event(tx, run.id, "RunStarted", now, {"run_number": run.run_number})
+            return self._run_info(tx, run)
+
+    def close_run(
+        self,
+        namespace: str,
+        workflow_id: str,
+        status: str,
+        *,
+        run_id: str | None = None,
+        connection: object | None = None,
+    ) -> RunInfo:
+        """Close the current run as completed, failed, cancelled or terminated."""
+        if status not in ("completed", "failed", "cancelled", "terminated"):
+            raise InvalidValueError(
+                "must be one of completed, failed, cancelled, terminated", field="status", path=""
+            )
+        return self._close(namespace, workflow_id, status, run_id, connection, continue_as_new=False)
+
+    def continue_as_new(
+        self,
+        namespace: str,
+        workflow_id: str,
+        *,
+        run_id: str | None = None,
+        new_run_id: str | None = None,
+        connection: object | None = None,
+    ) -> RunInfo:
+        """Close the current run as ``continued`` and open its successor; returns the new run."""
+        return self._close(
+            namespace,
+            workflow_id,
+            "continued",
+            run_id,
+            connection,
+            continue_as_new=True,
+            new_run_id=new_run_id,
+        )
+
+    def _close(
+        self,
+        namespace: str,
+        workflow_id: str,
+        status: str,
+        run_id: str | None,
+        connection: object | None,
+        *,
+        continue_as_new: bool,
+        new_run_id: str | None = None,
+    ) -> RunInfo:
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        if run_id is not None:
+            _identifier(run_id, "run_id")
+        successor_id = self._new_id() if new_run_id is None else _identifier(new_run_id, "new_run_id")
+        now = self._clock()
+        with self.store.locked(
+            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
+        ) as tx:
+            current = tx.run(tx.instance.current_run_id) if tx.instance.current_run_id else None
+            if current is None or current.status != "open" or (run_id is not None and run_id != current.id):
+                raise RunStateError(
+                    f"workflow {workflow_id!r} has no open run"
+                    + (f" {run_id}" if run_id is not None else ""),
+                    reason="run_not_active",
+                    run_id=run_id,
+                )
+            closed = replace(current, status=status, closed_at=now)
+            tx.save_run(closed)
+            self._event(tx, closed.id, "RunClosed", now, {"status": status})
+            if not continue_as_new:
+                return self._run_info(tx, closed)
+            successor = RunRow(
+                id=successor_id,
+                instance_id=tx.instance.id,
+                run_number=current.run_number + 1,
+                status="open",
+                continued_from_run_id=current.id,
+                started_at=now,
+                closed_at=None,
+            )
+            tx.insert_run(successor)
+            tx.set_current_run(successor.id)
+            self._event(
+                tx,
+                successor.id,
+                "RunStarted",
+                now,
+                {"run_number": successor.run_number, "continued_from_run_id": current.id},
+            )
+            return self._run_info(tx, successor)
+
+    def _run_info(self, tx: LockedInstance, run: RunRow) -> RunInfo:
+        return RunInfo(
+            tx.instance.namespace,
+            tx.instance.workflow_id,
+            run.id,
+            run.run_number,
+            run.status,
+            run.started_at,
+            run.closed_at,
+            run.continued_from_run_id,
+        )
+
+    # -- admission ----------------------------------------------------------------
+
+    def admit_signal(
+        self,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        *,
+        request_id: str | None = None,
+        run_id: str | None = None,
+        connection: object | None = None,
+    ) -> Admission:
+        """Admit a signal to the instance (or, with ``run_id``, to that run).
+
+        Returns fresh (202 received), retained, ``request_id_conflict``,
+        ``request_id_ambiguous``, ``run_not_active`` or ``rejected_not_current``.
+        """
+        return self._admit("signal", namespace, workflow_id, name, arguments, request_id, run_id, connection)
+
+    def admit_update(
+        self,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        *,
+        request_id: str | None = None,
+        run_id: str | None = None,
+        connection: object | None = None,
+    ) -> Admission:
+        """Admit an update: fresh is 202 accepted; a retry after completion returns 200 completed."""
+        return self._admit("update", namespace, workflow_id, name, arguments, request_id, run_id, connection)
+
+    def _admit(
+        self,
+        command_type: CommandType,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        request_id: str | None,
+        run_id: str | None,
+        connection: object | None,
+    ) -> Admission:
+        # Everything is validated before the transaction: bad input writes nothing.
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        key = None if request_id is None else validate_request_id(request_id, command_type)
+        target = None if run_id is None else _identifier(run_id, "run_id")
+        encoded = encode_intent(command_type, name, arguments, target, max_size=self._max_size)
+        intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
+        token = None if key is None else receipt_token(command_type, key)
+        now = self._clock()
+        with self.store.locked(
+            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
+        ) as tx:
+            if key is not None and token is not None:
+                answer = self._judge_key(tx, intent, key, token)
+                if answer is not None:
+                    return answer
+            instance = tx.instance
+            current = tx.run(instance.current_run_id) if instance.current_run_id else None
+            placed = judge_target(
+                command_type, instance.current_run_id, current.status if current else None, target
+            )
+            refused = placed.reason is not None
+            row = CommandRow(
+                id=self._new_id(),
+                instance_id=instance.id,
+                run_id=placed.run_id if not refused else placed.resolved_run_id,
+                command_sequence=tx.next_command_sequence(),
+                command_type=command_type,
+                name=name,
+                target_scope="instance" if target is None else "run",
+                requested_run_id=target,
+                request_id=token,
+                context=_context(key),
+                arguments=encoded.arguments,
+                status="rejected" if refused else placed.outcome,
+                outcome=placed.outcome,
+                rejection_reason=placed.reason,
+                created_at=now,
+                intent_digest=intent.digest,
+                arguments_digest=intent.arguments_digest,
+                intent_encoding=INTENT_VERSION,
+            )
+            if not tx.insert_command(row):
+                # The unique index is the backstop of the lock (contract §4): it
+                # can only fire if something wrote this key outside the lock.
+                # Its answer is the receipt now stored, never an error.
+                assert key is not None and token is not None
+                answer = self._judge_key(tx, intent, key, token)
+                if answer is None:
+                    raise AdmissionError("receipt index reported a duplicate that cannot be read back")
+                return answer
+            update: UpdateRow | None = None
+            if command_type == "update" and not refused:
+                assert placed.run_id is not None
+                update = UpdateRow(
+                    self._new_id(),
+                    row.id,
+                    instance.id,
+                    placed.run_id,
+                    name,
+                    "accepted",
+                    None,
+                    None,
+                    now,
+                    None,
+                )
+                tx.insert_update(update)
+            event_type = (
+                "CommandRejected"
+                if refused
+                else ("SignalReceived" if command_type == "signal" else "UpdateAccepted")
+            )
+            self._event(
+                tx,
+                row.run_id,
+                event_type,
+                now,
+                self._command_payload(row, key),
+                command_id=row.id,
+                update_id=update.id if update else None,
+            )
+            return self._answer(Decision.FRESH, tx.instance, row, update, key, intent_verified=True)
+
+    def _judge_key(self, tx: LockedInstance, intent: Intent, key: str, token: str) -> Admission | None:
+        rows = tx.find_commands(intent.command_type, [token, key])
+        judgement = judge_receipts([_stored(r) for r in rows], key, token, intent)
+        if judgement.decision is None:
+            return None
+        return self._answer_judgement(tx, judgement, rows, key, intent.command_type)
+
+    def _answer_judgement(
+        self,
+        tx: LockedInstance,
+        judgement: ReceiptJudgement,
+        rows: Sequence[CommandRow],
+        key: str,
+        command_type: CommandType,
+    ) -> Admission:
+        instance = tx.instance
+        if judgement.decision is Decision.AMBIGUOUS:
+            return Admission(
+                decision=Decision.AMBIGUOUS,
+                outcome="request_id_ambiguous",
+                namespace=instance.namespace,
+                workflow_id=instance.workflow_id,
+                command_type=command_type,
+                request_id=key,
+                retained=True,
+                intent_verified=False,
+                ambiguity=judgement.ambiguity,
+            )
+        assert judgement.receipt is not None and judgement.decision is not None
+        row = next(r for r in rows if r.id == judgement.receipt.command_id)
+        update = tx.update_for_command(row.id) if row.command_type == "update" else None
+        if judgement.decision is Decision.CONFLICT:
+            return Admission(
+                decision=Decision.CONFLICT,
+                outcome="request_id_conflict",
+                namespace=instance.namespace,
+                workflow_id=instance.workflow_id,
+                command_type=command_type,
+                request_id=key,
+                retained=False,
+                intent_verified=judgement.intent_verified,
+                conflict=judgement.conflict,
+                retained_command_id=row.id,
+                retained_command_type=command_type,
+                retained_outcome=self._row_outcome(row, update),
+            )
+        return self._answer(
+            Decision.RETAINED, instance, row, update, key, intent_verified=judgement.intent_verified
+        )
+
+    @staticmethod
+    def _row_outcome(row: CommandRow, update: UpdateRow | None) -> str:
+        if row.status == "rejected":
+            return row.outcome
+        if update is not None:
+            return update.status
+        return row.outcome
+
+    def _answer(
+        self,
+        decision: Decision,
+        instance: InstanceRow,
+        row: CommandRow,
+        update: UpdateRow | None,
+        key: str | None,
+        *,
+        intent_verified: bool,
+    ) -> Admission:
+        rejected = row.status == "rejected"
+        return Admission(
+            decision=decision,
+            outcome=self._row_outcome(row, update),
+            namespace=instance.namespace,
+            workflow_id=instance.workflow_id,
+            command_type="signal" if row.command_type == "signal" else "update",
+            request_id=key,
+            retained=decision is Decision.RETAINED,
+            intent_verified=intent_verified,
+            command_id=row.id,
+            run_id=row.run_id,
+            command_sequence=row.command_sequence,
+            received_at=row.created_at,
+            target_scope="run" if row.target_scope == "run" else "instance",
+            update_id=update.id if update else None,
+            update_status=update.status if update else None,
+            result=_result(update) if update is not None and update.status == "completed" else None,
+            failure=update.failure if update else None,
+            reason=row.rejection_reason,
+            requested_run_id=row.requested_run_id if rejected else None,
+            resolved_run_id=row.run_id if rejected else None,
+        )
+
+    # -- update lifecycle -------------------------------------------------------------
+
+    def complete_update(
+        self,
+        namespace: str,
+        workflow_id: str,
+        update_id: str,
+        result: object = None,
+        *,
+        connection: object | None = None,
+    ) -> Admission:
+        """Complete an accepted update with its result (which may be ``None``).
+
+        Completing an update twice with the same result returns the completed
+        receipt again; a different result, or completing a failed update, is
+        refused with :class:`RunStateError`.
+        """
+        encoded = canonical_encode(result, max_size=self._max_size)
+        return self._finish(namespace, workflow_id, update_id, "completed", encoded, None, connection)
+
+    def fail_update(
+        self,
+        namespace: str,
+        workflow_id: str,
+        update_id: str,
+        failure: str,
+        *,
+        connection: object | None = None,
+    ) -> Admission:
+        """Fail an accepted update with a message (422 ``failed``)."""
+        if type(failure) is not str or not failure or len(failure) > MAX_FAILURE_LENGTH:
+            raise InvalidValueError(
+                f"must be a str of 1 to {MAX_FAILURE_LENGTH} characters", field="failure", path=""
+            )
+        return self._finish(namespace, workflow_id, update_id, "failed", None, failure, connection)
+
+    def _finish(
+        self,
+        namespace: str,
+        workflow_id: str,
+        update_id: str,
+        status: str,
+        result: bytes | None,
+        failure: str | None,
+        connection: object | None,
+    ) -> Admission:
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        _identifier(update_id, "update_id")
+        now = self._clock()
+        with self.store.locked(
+            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
+        ) as tx:
+            update = tx.get_update(update_id)
+            if update is None:
+                raise UnknownUpdateError(
+                    f"workflow {workflow_id!r} has no update {update_id!r}", update_id=update_id
+                )
+            row = self._command(tx, update.command_id)
+            key = _literal_key(row.context)
+            if update.status != "accepted":
+                if update.status == status and update.result == result and update.failure == failure:
+                    # Applying the same completion twice is a retry, not a second effect.
+                    return self._answer(
+                        Decision.RETAINED,
+                        tx.instance,
+                        row,
+                        update,
+                        key,
+                        intent_verified=row.intent_digest is not None,
+                    )
+                raise RunStateError(
+                    f"update {update_id} is already {update.status}",
+                    reason=f"update_already_{update.status}",
+                    run_id=update.run_id,
+                )
+            finished = replace(update, status=status, result=result, failure=failure, completed_at=now)
+            tx.save_update(finished)
+            payload: dict[str, object] = {"status": status}
+            if result is not None:
+                payload["result"] = result
+            if failure is not None:
+                payload["failure"] = failure
+            self._event(
+                tx,
+                update.run_id,
+                "UpdateCompleted" if status == "completed" else "UpdateFailed",
+                now,
+                payload,
+                command_id=row.id,
+                update_id=update.id,
+            )
+            return self._answer(
+                Decision.FRESH, tx.instance, row, finished, key, intent_verified=row.intent_digest is not None
+            )
+
+    @staticmethod
+    def _command(tx: LockedInstance, command_id: str) -> CommandRow:
+        row = tx.get_command(command_id)
+        if row is None:  # pragma: no cover - the foreign key guarantees it
+            raise AdmissionError(f"command {command_id} is missing")
+        return row
+
+    # -- reading ------------------------------------------------------------------------
+
+    def receipt(
+        self, namespace: str, workflow_id: str, command_type: CommandType, request_id: str
+    ) -> Admission | None:
+        """Read the receipt a key names, without admitting anything.
+
+        Returns ``None`` if the key has no receipt, the retained receipt
+        (``intent_verified`` says whether it carries a digest), or a
+        ``request_id_ambiguous`` answer (contract §6).
+        """
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        key = validate_request_id(request_id, command_type)
+        instance = self.store.find_instance(namespace, workflow_id)
+        if instance is None:
+            return None
+        token = receipt_token(command_type, key)
+        rows = self.store.read_commands(instance.id, command_type, [token, key])
+        selected, ambiguity = select_receipt([_stored(r) for r in rows], key, token)
+        if ambiguity is not None:
+            return Admission(
+                decision=Decision.AMBIGUOUS,
+                outcome="request_id_ambiguous",
+                namespace=namespace,
+                workflow_id=workflow_id,
+                command_type=command_type,
+                request_id=key,
+                retained=True,
+                intent_verified=False,
+                ambiguity=ambiguity,
+            )
+        if selected is None:
+            return None
+        row = next(r for r in rows if r.id == selected.command_id)
+        update = self.store.read_update(row.id) if command_type == "update" else None
+        return self._answer(
+            Decision.RETAINED, instance, row, update, key, intent_verified=row.intent_digest is not None
+        )
+
+    def history(self, namespace: str, workflow_id: str) -> list[HistoryEvent]:
+        """The event log of one instance, oldest first."""
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        instance = self.store.find_instance(namespace, workflow_id)
+        if instance is None:
+            return []
+        return [
+            HistoryEvent(
+                e.position,
+                e.event_type,
+                e.run_id,
+                e.command_id,
+                e.update_id,
+                e.recorded_at,
+                canonical_decode(e.payload),
+            )
+            for e in self.store.read_history(instance.id)
+        ]
+
+    # -- events -------------------------------------------------------------------------
+
+    @staticmethod
+    def _command_payload(row: CommandRow, key: str | None) -> dict[str, object]:
+        payload: dict[str, object] = {
+            "command_type": row.command_type,
+            "name": row.name,
+            "command_sequence": row.command_sequence,
+            "outcome": row.outcome,
+            "target_scope": row.target_scope,
+            "request_id": key,
+            "intent_digest": row.intent_digest,
+        }
+        if row.requested_run_id is not None:
+            payload["requested_run_id"] = row.requested_run_id
+        if row.rejection_reason is not None:
+            payload["reason"] = row.rejection_reason
+        return payload
+
+    def _event(
+        self,
+        tx: LockedInstance,
+        run_id: str | None,
+        event_type: str,
+        now: datetime,
+        payload: dict[str, object],
+        *,
+        command_id: str | None = None,
+        update_id: str | None = None,
+    ) -> EventRow:
+        instance = tx.instance
+        return tx.append_event(
+            EventRow(
+                instance.namespace,
+                instance.id,
+                run_id,
+                event_type,
+                command_id,
+                update_id,
+                canonical_encode(payload),
+                now,
+            )
+        )

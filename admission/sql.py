@@ -1,0 +1,532 @@
+"""The SQLAlchemy store: SQLite (the embedded default) and PostgreSQL.
+
+This is the only module with dialect branches.  The admission lock (contract
+§4) is, on PostgreSQL, a row lock on the instance (``SELECT ... FOR UPDATE``,
+after an ``INSERT ... ON CONFLICT DO NOTHING`` when the row must first be
+created, so two first-time callers still serialise on it) and, on SQLite, a
+write transaction opened with ``BEGIN IMMEDIATE`` under a busy timeout.  The
+unique index ``workflow_commands_request_lookup`` is the backstop: a command
+insert is ``ON CONFLICT DO NOTHING`` on exactly that index, so a duplicate
+key is read back and answered as a receipt, never surfaced as an error.
+
+Driver errors are translated here, once, keeping the cause.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import Engine, create_engine, event, func, insert, literal, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, RowMapping, make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.pool import NullPool
+
+from admission.errors import AdmissionError, StorageError
+from admission.schema import (
+    check_revision,
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_runs,
+    workflow_updates,
+)
+from admission.store import (
+    CommandRow,
+    EventCursor,
+    EventRow,
+    InstanceRow,
+    LockedInstance,
+    RunRow,
+    UpdateRow,
+)
+
+__all__ = ["DEFAULT_URL", "SqlStore", "create_admission_engine", "normalize_url"]
+
+DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
+"""The embedded default: a SQLite file in the working directory."""
+
+SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
+_REQUEST_INDEX: Final = ("instance_id", "command_type", "request_id")
+_READ_ONLY: Final = "admission_read_only"
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` URLs and use the psycopg 3 driver for them."""
+    parsed = make_url(
+        url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url
+    )
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def create_admission_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine configured as admission needs it.
+
+    SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
+    timeout, and every write transaction opened with ``BEGIN IMMEDIATE`` so
+    that the admission lock is taken before the first read (a deferred
+    transaction that upgrades to a write can fail instead of waiting).
+    """
+    url = normalize_url(url)
+    if make_url(url).get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", False)
+        return create_engine(url, **kwargs)
+    if make_url(url).database in (None, "", ":memory:"):
+        raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
+    kwargs.setdefault("poolclass", NullPool)
+    kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: Any, _record: object) -> None:
+        # pysqlite would emit its own deferred BEGIN; admission emits its own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _utc(value: datetime) -> datetime:
+    # SQLite hands back naive datetimes; they were written as UTC.
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def _utc_or_none(value: datetime | None) -> datetime | None:
+    return None if value is None else _utc(value)
+
+
+def _instance(row: RowMapping) -> InstanceRow:
+    return InstanceRow(
+        row["id"], row["namespace"], row["workflow_id"], row["current_run_id"], _utc(row["created_at"])
+    )
+
+
+def _run(row: RowMapping) -> RunRow:
+    return RunRow(
+        row["id"],
+        row["instance_id"],
+        row["run_number"],
+        row["status"],
+        row["continued_from_run_id"],
+        _utc(row["started_at"]),
+        _utc_or_none(row["closed_at"]),
+    )
+
+
+def _bytes(value: object) -> bytes | None:
+    return None if value is None else bytes(value)  # type: ignore[call-overload]
+
+
+def _command(row: RowMapping) -> CommandRow:
+    return CommandRow(
+        id=row["id"],
+        instance_id=row["instance_id"],
+        run_id=row["run_id"],
+        command_sequence=row["command_sequence"],
+        command_type=row["command_type"],
+        name=row["name"],
+        target_scope=row["target_scope"],
+        requested_run_id=row["requested_run_id"],
+        request_id=row["request_id"],
+        context=_bytes(row["context"]),
+        arguments=_bytes(row["arguments"]),
+        status=row["status"],
+        outcome=row["outcome"],
+        rejection_reason=row["rejection_reason"],
+        created_at=_utc(row["created_at"]),
+        intent_digest=row["intent_digest"],
+        arguments_digest=row["arguments_digest"],
+        intent_encoding=row["intent_encoding"],
+    )
+
+
+def _update(row: RowMapping) -> UpdateRow:
+    return UpdateRow(
+        row["id"],
+        row["command_id"],
+        row["instance_id"],
+        row["run_id"],
+        row["name"],
+        row["status"],
+        _bytes(row["result"]),
+        row["failure"],
+        _utc(row["accepted_at"]),
+        _utc_or_none(row["completed_at"]),
+    )
+
+
+def _event(row: RowMapping) -> EventRow:
+    return EventRow(
+        row["namespace"],
+        row["instance_id"],
+        row["run_id"],
+        row["event_type"],
+        row["command_id"],
+        row["update_id"],
+        bytes(row["payload"]),
+        _utc(row["recorded_at"]),
+        row["position"],
+        row["tx_id"],
+    )
+
+
+def _fields(row: object) -> dict[str, Any]:
+    # Row values are plain dataclasses whose fields are the table's columns.
+    return dict(vars(row))
+
+
+_UNIQUE_SQLITE: Final = re.compile(r"UNIQUE constraint failed: (.+)$")
+
+
+def _constraint(exc: IntegrityError) -> str:
+    """The name of the violated constraint (PostgreSQL), or its columns (SQLite)."""
+    diag = getattr(exc.orig, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    if name:
+        return str(name)
+    match = _UNIQUE_SQLITE.search(str(exc.orig))
+    return match.group(1) if match else "unknown"
+
+
+class _SqlLocked:
+    """One instance under the admission lock, on one connection."""
+
+    def __init__(self, conn: Connection, instance: InstanceRow, postgres: bool) -> None:
+        self._conn = conn
+        self._instance = instance
+        self._postgres = postgres
+
+    @property
+    def instance(self) -> InstanceRow:
+        return self._instance
+
+    def run(self, run_id: str) -> RunRow | None:
+        row = (
+            self._conn.execute(
+                select(workflow_runs).where(
+                    workflow_runs.c.id == run_id, workflow_runs.c.instance_id == self._instance.id
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else _run(row)
+
+    def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        return _find_commands(self._conn, self._postgres, self._instance.id, command_type, request_ids)
+
+    def get_command(self, command_id: str) -> CommandRow | None:
+        row = (
+            self._conn.execute(
+                select(workflow_commands).where(
+                    workflow_commands.c.id == command_id, workflow_commands.c.instance_id == self._instance.id
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else _command(row)
+
+    def next_command_sequence(self) -> int:
+        current = self._conn.execute(
+            select(func.max(workflow_commands.c.command_sequence)).where(
+                workflow_commands.c.instance_id == self._instance.id
+            )
+        ).scalar()
+        return 1 + (current or 0)
+
+    def insert_command(self, row: CommandRow) -> bool:
+        values = _fields(row)
+        if row.request_id is None:
+            self._conn.execute(insert(workflow_commands).values(values))
+            return True
+        dialect_insert = postgresql.insert if self._postgres else sqlite.insert
+        statement = (
+            dialect_insert(workflow_commands)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=list(_REQUEST_INDEX))
+            .returning(workflow_commands.c.id)
+        )
+        return self._conn.execute(statement).first() is not None
+
+    def update_for_command(self, command_id: str) -> UpdateRow | None:
+        return _read_update(self._conn, command_id)
+
+    def get_update(self, update_id: str) -> UpdateRow | None:
+        row = (
+            self._conn.execute(
+                select(workflow_updates).where(
+                    workflow_updates.c.id == update_id, workflow_updates.c.instance_id == self._instance.id
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else _update(row)
+
+    def insert_update(self, row: UpdateRow) -> None:
+        self._conn.execute(insert(workflow_updates).values(_fields(row)))
+
+    def save_update(self, row: UpdateRow) -> None:
+        values = _fields(row)
+        self._conn.execute(update(workflow_updates).where(workflow_updates.c.id == row.id).values(values))
+
+    def insert_run(self, row: RunRow) -> None:
+        self._conn.execute(insert(workflow_runs).values(_fields(row)))
+
+    def save_run(self, row: RunRow) -> None:
+        self._conn.execute(update(workflow_runs).where(workflow_runs.c.id == row.id).values(_fields(row)))
+
+    def set_current_run(self, run_id: str | None) -> None:
+        self._conn.execute(
+            update(workflow_instances)
+            .where(workflow_instances.c.id == self._instance.id)
+            .values(current_run_id=run_id)
+        )
+        self._instance = InstanceRow(
+            self._instance.id,
+            self._instance.namespace,
+            self._instance.workflow_id,
+            run_id,
+            self._instance.created_at,
+        )
+
+    def append_event(self, event_row: EventRow) -> EventRow:
+        values = _fields(event_row)
+        del values["position"]
+        # txid_current() assigns and returns this transaction's id; readers
+        # use it to never pass an event that commits later (docs/event-log.md).
+        values["tx_id"] = func.txid_current() if self._postgres else literal(0)
+        row = self._conn.execute(
+            insert(workflow_history_events)
+            .values(values)
+            .returning(workflow_history_events.c.position, workflow_history_events.c.tx_id)
+        ).one()
+        return EventRow(**{**_fields(event_row), "position": row.position, "tx_id": row.tx_id})
+
+
+def _find_commands(
+    conn: Connection, postgres: bool, instance_id: str, command_type: str, request_ids: Sequence[str]
+) -> list[CommandRow]:
+    # PostgreSQL text cannot hold NUL, so no stored value can equal a key that
+    # contains one; asking would only make the driver refuse the query.
+    wanted = [r for r in request_ids if not (postgres and "\x00" in r)]
+    if not wanted:
+        return []
+    rows = (
+        conn.execute(
+            select(workflow_commands)
+            .where(
+                workflow_commands.c.instance_id == instance_id,
+                workflow_commands.c.command_type == command_type,
+                workflow_commands.c.request_id.in_(wanted),
+            )
+            .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
+        )
+        .mappings()
+        .all()
+    )
+    return [_command(r) for r in rows]
+
+
+def _read_update(conn: Connection, command_id: str) -> UpdateRow | None:
+    row = (
+        conn.execute(select(workflow_updates).where(workflow_updates.c.command_id == command_id))
+        .mappings()
+        .first()
+    )
+    return None if row is None else _update(row)
+
+
+class SqlStore:
+    """The :class:`~admission.store.Store` on SQLite or PostgreSQL.
+
+    Opening checks the schema revision and refuses anything but the head
+    (contract §6): run ``admission db upgrade`` first.
+    """
+
+    def __init__(self, engine: Engine, *, check: bool = True) -> None:
+        self.engine = engine
+        self.postgres = engine.dialect.name == "postgresql"
+        if check:
+            with self._read() as conn:
+                check_revision(conn)
+
+    @classmethod
+    def open(cls, url: str = DEFAULT_URL, **engine_options: Any) -> SqlStore:
+        """Create an engine for ``url`` and open the store on it."""
+        return cls(create_admission_engine(url, **engine_options))
+
+    def dispose(self) -> None:
+        """Close the engine's pooled connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        """A connection in a write transaction, for a caller that owns the transaction.
+
+        On SQLite this is ``BEGIN IMMEDIATE``, which admission needs when it
+        takes its lock inside the caller's transaction.  Commits on success,
+        rolls back on an exception.
+        """
+        with self._translate(), self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._translate(), self.engine.connect() as conn:
+            conn.execution_options(**{_READ_ONLY: True})
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _translate(self) -> Iterator[None]:
+        try:
+            yield
+        except IntegrityError as exc:
+            raise StorageError(
+                f"the database refused a write ({_constraint(exc)})", constraint=_constraint(exc)
+            ) from exc
+        except OperationalError as exc:
+            raise StorageError(f"the database is unavailable or busy: {exc.orig}") from exc
+
+    def _lock(
+        self, conn: Connection, namespace: str, workflow_id: str, created_at: datetime, new_id: str
+    ) -> _SqlLocked:
+        query = (
+            select(workflow_instances)
+            .where(
+                workflow_instances.c.namespace == namespace, workflow_instances.c.workflow_id == workflow_id
+            )
+            .with_for_update()
+        )
+        row = conn.execute(query).mappings().first()
+        if row is None:
+            values = {
+                "id": new_id,
+                "namespace": namespace,
+                "workflow_id": workflow_id,
+                "current_run_id": None,
+                "created_at": created_at,
+            }
+            dialect_insert = postgresql.insert if self.postgres else sqlite.insert
+            # Two first-time callers both get here; the loser of the insert
+            # waits on the winner's uncommitted row and then locks it below.
+            conn.execute(
+                dialect_insert(workflow_instances)
+                .values(values)
+                .on_conflict_do_nothing(index_elements=["namespace", "workflow_id"])
+            )
+            row = conn.execute(query).mappings().one()
+        return _SqlLocked(conn, _instance(row), self.postgres)
+
+    @contextmanager
+    def _locked(
+        self,
+        namespace: str,
+        workflow_id: str,
+        created_at: datetime,
+        new_id: str,
+        connection: Connection | None,
+    ) -> Iterator[LockedInstance]:
+        if connection is not None:
+            # The caller owns the transaction: neither commit nor roll back.
+            with self._translate():
+                yield self._lock(connection, namespace, workflow_id, created_at, new_id)
+            return
+        with self._translate(), self.engine.connect() as conn, conn.begin():
+            yield self._lock(conn, namespace, workflow_id, created_at, new_id)
+
+    def locked(
+        self,
+        namespace: str,
+        workflow_id: str,
+        *,
+        created_at: datetime,
+        new_id: str,
+        connection: object | None = None,
+    ) -> AbstractContextManager[LockedInstance]:
+        """Open a transaction holding the admission lock of one instance (contract §4)."""
+        if connection is not None and not isinstance(connection, Connection):
+            raise TypeError("connection must be a SQLAlchemy Connection")
+        if isinstance(connection, Connection) and not connection.in_transaction():
+            raise AdmissionError("the caller's connection must be in a transaction (use SqlStore.begin())")
+        return self._locked(namespace, workflow_id, created_at, new_id, connection)
+
+    def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
+        """Read an instance without locking it."""
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    select(workflow_instances).where(
+                        workflow_instances.c.namespace == namespace,
+                        workflow_instances.c.workflow_id == workflow_id,
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else _instance(row)
+
+    def read_commands(
+        self, instance_id: str, command_type: str, request_ids: Sequence[str]
+    ) -> list[CommandRow]:
+        """Read-only lookup of commands by request_id values, oldest first."""
+        with self._read() as conn:
+            return _find_commands(conn, self.postgres, instance_id, command_type, request_ids)
+
+    def read_update(self, command_id: str) -> UpdateRow | None:
+        """Read-only lookup of the update a command created."""
+        with self._read() as conn:
+            return _read_update(conn, command_id)
+
+    def read_history(self, instance_id: str) -> list[EventRow]:
+        """Every event of one instance, in log order."""
+        with self._read() as conn:
+            rows = (
+                conn.execute(
+                    select(workflow_history_events)
+                    .where(workflow_history_events.c.instance_id == instance_id)
+                    .order_by(workflow_history_events.c.position)
+                )
+                .mappings()
+                .all()
+            )
+        return [_event(r) for r in rows]
+
+    def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
+        """Events after ``after`` that are safe to read now, in (tx_id, position) order.
+
+        On PostgreSQL only events of transactions older than every transaction
+        still running are returned (``tx_id < txid_snapshot_xmin``): a
+        transaction still open may yet commit events with lower positions,
+        and a reader that passed them would never see them.
+        """
+        events = workflow_history_events
+        query = select(events)
+        if self.postgres:
+            query = query.where(
+                tuple_(events.c.tx_id, events.c.position)
+                > tuple_(literal(after.tx_id), literal(after.position)),
+                events.c.tx_id < func.txid_snapshot_xmin(func.txid_current_snapshot()),
+            ).order_by(events.c.tx_id, events.c.position)
+        else:
+            query = query.where(events.c.position > after.position).order_by(events.c.position)
+        with self._read() as conn:
+            rows = conn.execute(query.limit(limit)).mappings().all()
+        return [_event(r) for r in rows]

@@ -1,0 +1,391 @@
+"""The storage port, its row values, and an in-memory reference store.
+
+The admission service speaks only to :class:`Store`.  A store opens a
+*locked instance*: everything the service reads and writes about one workflow
+instance happens inside it, under the admission lock (contract §4), and it
+commits or rolls back as a whole.  :class:`MemoryStore` is a real
+implementation of the port (not a mock): the contract suite and the
+conformance state machine run against it, SQLite and PostgreSQL alike.
+
+Pure: no SQLAlchemy, no clock (times are passed in).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Protocol
+
+__all__ = [
+    "CommandRow",
+    "EventCursor",
+    "EventRow",
+    "InstanceRow",
+    "LockedInstance",
+    "MemoryStore",
+    "RunRow",
+    "Store",
+    "UpdateRow",
+]
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    """A workflow instance: one per (namespace, workflow_id)."""
+
+    id: str
+    namespace: str
+    workflow_id: str
+    current_run_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run of an instance."""
+
+    id: str
+    instance_id: str
+    run_number: int
+    status: str
+    continued_from_run_id: str | None
+    started_at: datetime
+    closed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class CommandRow:
+    """A command and its receipt, as stored."""
+
+    id: str
+    instance_id: str
+    run_id: str | None
+    command_sequence: int
+    command_type: str
+    name: str
+    target_scope: str
+    requested_run_id: str | None
+    request_id: str | None
+    context: bytes | None
+    arguments: bytes | None
+    status: str
+    outcome: str
+    rejection_reason: str | None
+    created_at: datetime
+    intent_digest: str | None
+    arguments_digest: str | None
+    intent_encoding: str | None
+
+
+@dataclass(frozen=True)
+class UpdateRow:
+    """An update's lifecycle: accepted, then completed or failed."""
+
+    id: str
+    command_id: str
+    instance_id: str
+    run_id: str
+    name: str
+    status: str
+    result: bytes | None
+    failure: str | None
+    accepted_at: datetime
+    completed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event of the log.  ``position`` and ``tx_id`` are set by the store."""
+
+    namespace: str
+    instance_id: str
+    run_id: str | None
+    event_type: str
+    command_id: str | None
+    update_id: str | None
+    payload: bytes
+    recorded_at: datetime
+    position: int = 0
+    tx_id: int = 0
+
+
+@dataclass(frozen=True, order=True)
+class EventCursor:
+    """Where a reader of the event log stands: after (tx_id, position).
+
+    Readers resume strictly after the cursor, in (tx_id, position) order; see
+    ``docs/event-log.md`` for why this never skips an event.
+    """
+
+    tx_id: int = 0
+    position: int = 0
+
+
+class LockedInstance(Protocol):
+    """One instance, held under the admission lock until the transaction ends."""
+
+    @property
+    def instance(self) -> InstanceRow:
+        """The locked instance row."""
+        ...
+
+    def run(self, run_id: str) -> RunRow | None:
+        """A run of this instance, by id."""
+        ...
+
+    def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        """Commands of this type whose ``request_id`` is one of ``request_ids``, oldest first."""
+        ...
+
+    def get_command(self, command_id: str) -> CommandRow | None:
+        """A command of this instance, by id."""
+        ...
+
+    def next_command_sequence(self) -> int:
+        """The sequence number the next command of this instance gets."""
+        ...
+
+    def insert_command(self, row: CommandRow) -> bool:
+        """Insert a command; ``False`` if the unique receipt index already holds its key."""
+        ...
+
+    def update_for_command(self, command_id: str) -> UpdateRow | None:
+        """The update a command created, if any."""
+        ...
+
+    def get_update(self, update_id: str) -> UpdateRow | None:
+        """An update of this instance, by id."""
+        ...
+
+    def insert_update(self, row: UpdateRow) -> None:
+        """Insert an update."""
+        ...
+
+    def save_update(self, row: UpdateRow) -> None:
+        """Record an update's new status (always beside the event that says so)."""
+        ...
+
+    def insert_run(self, row: RunRow) -> None:
+        """Insert a run."""
+        ...
+
+    def save_run(self, row: RunRow) -> None:
+        """Record a run's new status."""
+        ...
+
+    def set_current_run(self, run_id: str | None) -> None:
+        """Point the instance at its current run."""
+        ...
+
+    def append_event(self, event: EventRow) -> EventRow:
+        """Append an event; returns it with its position."""
+        ...
+
+
+class Store(Protocol):
+    """The storage port of the admission service."""
+
+    def locked(
+        self,
+        namespace: str,
+        workflow_id: str,
+        *,
+        created_at: datetime,
+        new_id: str,
+        connection: object | None = None,
+    ) -> AbstractContextManager[LockedInstance]:
+        """Open a transaction holding the admission lock of one instance.
+
+        The instance row is created (with ``new_id``) if it does not exist,
+        and the lock is taken even then.  With ``connection`` the caller owns
+        the transaction: the store neither commits nor rolls back.
+        """
+        ...
+
+    def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
+        """Read an instance without locking it."""
+        ...
+
+    def read_commands(
+        self, instance_id: str, command_type: str, request_ids: Sequence[str]
+    ) -> list[CommandRow]:
+        """Read-only lookup of commands by request_id values, oldest first."""
+        ...
+
+    def read_update(self, command_id: str) -> UpdateRow | None:
+        """Read-only lookup of the update a command created."""
+        ...
+
+    def read_history(self, instance_id: str) -> list[EventRow]:
+        """Every event of one instance, in log order."""
+        ...
+
+    def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
+        """Events after ``after`` that are safe to read now, in cursor order."""
+        ...
+
+
+# --------------------------------------------------------------------------
+# The in-memory reference store.
+
+
+@dataclass
+class _Tables:
+    instances: dict[str, InstanceRow]
+    instance_keys: dict[tuple[str, str], str]
+    runs: dict[str, RunRow]
+    commands: dict[str, CommandRow]
+    request_index: dict[tuple[str, str, str], str]
+    updates: dict[str, UpdateRow]
+    events: list[EventRow]
+
+    def copy(self) -> _Tables:
+        return _Tables(
+            dict(self.instances),
+            dict(self.instance_keys),
+            dict(self.runs),
+            dict(self.commands),
+            dict(self.request_index),
+            dict(self.updates),
+            list(self.events),
+        )
+
+
+class _MemoryLocked:
+    def __init__(self, tables: _Tables, instance_id: str) -> None:
+        self._t = tables
+        self._id = instance_id
+
+    @property
+    def instance(self) -> InstanceRow:
+        return self._t.instances[self._id]
+
+    def run(self, run_id: str) -> RunRow | None:
+        run = self._t.runs.get(run_id)
+        return run if run is not None and run.instance_id == self._id else None
+
+    def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        wanted = set(request_ids)
+        rows = [
+            c
+            for c in self._t.commands.values()
+            if c.instance_id == self._id and c.command_type == command_type and c.request_id in wanted
+        ]
+        return sorted(rows, key=lambda c: (c.created_at, c.command_sequence))
+
+    def get_command(self, command_id: str) -> CommandRow | None:
+        row = self._t.commands.get(command_id)
+        return row if row is not None and row.instance_id == self._id else None
+
+    def next_command_sequence(self) -> int:
+        return 1 + max(
+            (c.command_sequence for c in self._t.commands.values() if c.instance_id == self._id), default=0
+        )
+
+    def insert_command(self, row: CommandRow) -> bool:
+        if row.request_id is not None:
+            key = (row.instance_id, row.command_type, row.request_id)
+            if key in self._t.request_index:
+                return False
+            self._t.request_index[key] = row.id
+        self._t.commands[row.id] = row
+        return True
+
+    def update_for_command(self, command_id: str) -> UpdateRow | None:
+        return next((u for u in self._t.updates.values() if u.command_id == command_id), None)
+
+    def get_update(self, update_id: str) -> UpdateRow | None:
+        update = self._t.updates.get(update_id)
+        return update if update is not None and update.instance_id == self._id else None
+
+    def insert_update(self, row: UpdateRow) -> None:
+        self._t.updates[row.id] = row
+
+    def save_update(self, row: UpdateRow) -> None:
+        self._t.updates[row.id] = row
+
+    def insert_run(self, row: RunRow) -> None:
+        self._t.runs[row.id] = row
+
+    def save_run(self, row: RunRow) -> None:
+        self._t.runs[row.id] = row
+
+    def set_current_run(self, run_id: str | None) -> None:
+        self._t.instances[self._id] = replace(self.instance, current_run_id=run_id)
+
+    def append_event(self, event: EventRow) -> EventRow:
+        stored = replace(event, position=len(self._t.events) + 1, tx_id=0)
+        self._t.events.append(stored)
+        return stored
+
+
+class MemoryStore:
+    """A complete in-memory :class:`Store`: one lock, copy-on-begin transactions.
+
+    Meant for tests and for engines that keep receipts in memory; it keeps
+    nothing across processes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._tables = _Tables({}, {}, {}, {}, {}, {}, [])
+
+    @contextmanager
+    def _transaction(
+        self, namespace: str, workflow_id: str, created_at: datetime, new_id: str
+    ) -> Iterator[LockedInstance]:
+        with self._lock:
+            working = self._tables.copy()
+            instance_id = working.instance_keys.get((namespace, workflow_id))
+            if instance_id is None:
+                instance_id = new_id
+                working.instances[new_id] = InstanceRow(new_id, namespace, workflow_id, None, created_at)
+                working.instance_keys[(namespace, workflow_id)] = new_id
+            yield _MemoryLocked(working, instance_id)
+            # Reached only without an exception: the transaction commits.
+            self._tables = working
+
+    def locked(
+        self,
+        namespace: str,
+        workflow_id: str,
+        *,
+        created_at: datetime,
+        new_id: str,
+        connection: object | None = None,
+    ) -> AbstractContextManager[LockedInstance]:
+        """Open a transaction on one instance (see :meth:`Store.locked`)."""
+        if connection is not None:
+            raise TypeError("MemoryStore does not take a caller's connection")
+        return self._transaction(namespace, workflow_id, created_at, new_id)
+
+    def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
+        """Read an instance without locking it."""
+        with self._lock:
+            instance_id = self._tables.instance_keys.get((namespace, workflow_id))
+            return None if instance_id is None else self._tables.instances[instance_id]
+
+    def read_commands(
+        self, instance_id: str, command_type: str, request_ids: Sequence[str]
+    ) -> list[CommandRow]:
+        """Read-only lookup of commands by request_id values, oldest first."""
+        with self._lock:
+            return _MemoryLocked(self._tables, instance_id).find_commands(command_type, request_ids)
+
+    def read_update(self, command_id: str) -> UpdateRow | None:
+        """Read-only lookup of the update a command created."""
+        with self._lock:
+            return next((u for u in self._tables.updates.values() if u.command_id == command_id), None)
+
+    def read_history(self, instance_id: str) -> list[EventRow]:
+        """Every event of one instance, in log order."""
+        with self._lock:
+            return [e for e in self._tables.events if e.instance_id == instance_id]
+
+    def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
+        """Events after ``after``, in log order (one writer at a time: nothing can commit behind)."""
+        with self._lock:
+            return [e for e in self._tables.events if EventCursor(e.tx_id, e.position) > after][:limit]
