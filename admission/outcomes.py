@@ -59,6 +59,7 @@ __all__ = [
     "StoredReceipt",
     "TargetJudgement",
     "http_status",
+    "json_value",
     "judge_receipts",
     "judge_target",
     "select_receipt",
@@ -336,20 +337,21 @@ class Admission:
             body["update_id"] = self.update_id
             body["update_status"] = self.update_status
             if self.update_status == "completed":
-                body["result"] = _jsonable(self.result)
+                body["result"] = json_value(self.result)
             if self.update_status == "failed":
                 body["failure"] = self.failure
         return body
 
 
-def _jsonable(value: Value) -> object:
-    """Results are typed values; bytes and non-finite floats get a JSON-safe form."""
+def json_value(value: Value) -> object:
+    """A typed value in a form strict JSON can carry: bytes as ``{"$bytes": hex}``,
+    NaN and infinities as ``{"$float": "nan"}`` (and ``inf``, ``-inf``)."""
     if isinstance(value, bytes):
         return {"$bytes": value.hex()}
     if isinstance(value, float) and value - value != 0.0:
         return {"$float": repr(value)}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [json_value(v) for v in value]
     if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
+        return {k: json_value(v) for k, v in value.items()}
     return value

@@ -41,6 +41,7 @@ from admission.outcomes import (
     Intent,
     ReceiptJudgement,
     StoredReceipt,
+    json_value,
     judge_receipts,
     judge_target,
     select_receipt,
@@ -111,18 +112,8 @@ class HistoryEvent:
             "command_id": self.command_id,
             "update_id": self.update_id,
             "recorded_at": self.recorded_at.isoformat(),
-            "payload": _json_safe(self.payload),
+            "payload": json_value(self.payload),
         }
-
-
-def _json_safe(value: Value) -> object:
-    if isinstance(value, bytes):
-        return {"$bytes": value.hex()}
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _identifier(value: object, field: str) -> str:
