@@ -7,11 +7,14 @@ store only checks the revision (contract §6).
 
 from __future__ import annotations
 
-from alembic.config import Config
-from sqlalchemy import Engine
+from collections.abc import Callable
 
-from admission.schema import current_revision
 from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine
+
+from admission.errors import SchemaRevisionError, StorageError
+from admission.schema import KNOWN_REVISIONS, current_revision
 
 __all__ = ["alembic_config", "downgrade", "revision_of", "upgrade"]
 
@@ -33,12 +36,42 @@ class _XArguments:
         self.x = x
 
 
+def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
+    with engine.connect() as conn:
+        revision = current_revision(conn)
+        conn.rollback()  # end the read's implicit transaction before the migration's own
+        if revision is not None and revision not in KNOWN_REVISIONS:
+            raise SchemaRevisionError(
+                f"the database is at schema revision {revision!r}, which this version of admission "
+                "does not know; use the admission release that wrote it",
+                revision=revision,
+            )
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            # SQLite rebuilds a table to drop a column, and the rebuild's DROP
+            # TABLE trips foreign keys; they can only be switched off outside a
+            # transaction, and are checked as a whole before commit instead.
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
+        try:
+            with conn.begin():
+                config.attributes["connection"] = conn
+                step(config)
+                if sqlite:
+                    _check_foreign_keys(conn)
+        finally:
+            if sqlite:
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys=ON")  # type: ignore[union-attr]
+
+
+def _check_foreign_keys(conn: Connection) -> None:
+    violations = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+    if violations:
+        raise StorageError(f"the migration would break {len(violations)} foreign keys; nothing was changed")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Upgrade the database to ``revision`` (the head by default); returns the new revision."""
-    with engine.begin() as conn:
-        config = alembic_config(engine)
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
+    _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, revision))
     return revision_of(engine)
 
 
@@ -48,11 +81,8 @@ def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> s
     Refused once receipts with intent digests exist, unless ``allow_unsafe``
     (docs/upgrading.md explains why an older writer is then unsafe).
     """
-    x_arguments = {"allow-unsafe-downgrade": "yes"} if allow_unsafe else None
-    with engine.begin() as conn:
-        config = alembic_config(engine, x_arguments=x_arguments)
-        config.attributes["connection"] = conn
-        command.downgrade(config, revision)
+    config = alembic_config(engine, x_arguments={"allow-unsafe-downgrade": "yes"} if allow_unsafe else None)
+    _migrate(engine, config, lambda c: command.downgrade(c, revision))
     return revision_of(engine)
 
 

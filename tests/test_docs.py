@@ -18,6 +18,6 @@ def test_every_python_block_of_the_guide_runs(name: str) -> None:
     namespace: dict[str, object] = {"__name__": f"docs.{name}"}
     for number, block in enumerate(blocks, 1):
         try:
-            exec(compile(block, f"{name}[block {number}]", "exec"), namespace)  # noqa: S102 - our own docs
+            exec(compile(block, f"{name}[block {number}]", "exec"), namespace)
         except Exception as exc:  # pragma: no cover - the message says which block broke
             raise AssertionError(f"{name} block {number} failed: {exc!r}") from exc
