@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 from admission.schema import metadata
-from alembic import context
 
 config = context.config
 

@@ -13,7 +13,6 @@ Create Date: 2026-11-29
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import context, op
 
 revision = "0002"
