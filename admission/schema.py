@@ -150,7 +150,7 @@ workflow_history_events = Table(
     "workflow_history_events",
     metadata,
     Column("position", _Position, primary_key=True, autoincrement=True),
-    # PostgreSQL: the writing transaction's id (pg_current_xact_id), so that a
+    # PostgreSQL: the writing transaction's id (txid_current()), so that a
     # reader never passes an event that commits later with a lower position
     # (docs/event-log.md).  SQLite has one writer at a time and stores 0.
     Column("tx_id", BigInteger, nullable=False),
