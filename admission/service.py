@@ -46,10 +46,11 @@ from admission.outcomes import (
     judge_target,
     select_receipt,
 )
-from admission.store import CommandRow, EventRow, InstanceRow, LockedInstance, RunRow, Store, UpdateRow
+from admission.store import CommandRow, EventRow, LockedInstance, RunRow, Store, UpdateRow
 
 __all__ = ["AdmissionService", "HistoryEvent", "RunInfo", "utc_now"]
 
+REFUSALS: Final = ("run_not_active", "rejected_not_current")
 CLOSED_STATUSES: Final = ("completed", "failed", "cancelled", "terminated", "continued")
 MAX_IDENTIFIER_LENGTH: Final = 255
 MAX_FAILURE_LENGTH: Final = 2048
@@ -204,7 +205,7 @@ class AdmissionService:
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
         ) as tx:
-            previous = tx.run(tx.instance.current_run_id) if tx.instance.current_run_id else None
+            previous = tx.current_run()
             if previous is not None and previous.status == "open":
                 raise RunStateError(
                     f"workflow {workflow_id!r} already has an open run {previous.id}",
@@ -281,7 +282,7 @@ class AdmissionService:
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
         ) as tx:
-            current = tx.run(tx.instance.current_run_id) if tx.instance.current_run_id else None
+            current = tx.current_run()
             if current is None or current.status != "open" or (run_id is not None and run_id != current.id):
                 raise RunStateError(
                     f"workflow {workflow_id!r} has no open run"
@@ -379,6 +380,10 @@ class AdmissionService:
         encoded = encode_intent(command_type, name, arguments, target, max_size=self._max_size)
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         token = None if key is None else receipt_token(command_type, key)
+        if key is not None and token is not None and connection is None:
+            answer = self._judge_committed(namespace, workflow_id, intent, key, token)
+            if answer is not None:
+                return answer
         now = self._clock()
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
@@ -388,7 +393,7 @@ class AdmissionService:
                 if answer is not None:
                     return answer
             instance = tx.instance
-            current = tx.run(instance.current_run_id) if instance.current_run_id else None
+            current = tx.current_run()
             placed = judge_target(
                 command_type, instance.current_run_id, current.status if current else None, target
             )
@@ -452,30 +457,62 @@ class AdmissionService:
                 command_id=row.id,
                 update_id=update.id if update else None,
             )
-            return self._answer(Decision.FRESH, tx.instance, row, update, key, intent_verified=True)
+            return self._answer(
+                Decision.FRESH, namespace, workflow_id, row, update, key, intent_verified=True
+            )
 
     def _judge_key(self, tx: LockedInstance, intent: Intent, key: str, token: str) -> Admission | None:
         rows = tx.find_commands(intent.command_type, [token, key])
         judgement = judge_receipts([_stored(r) for r in rows], key, token, intent)
         if judgement.decision is None:
             return None
-        return self._answer_judgement(tx, judgement, rows, key, intent.command_type)
+        return self._answer_judgement(
+            tx.instance.namespace,
+            tx.instance.workflow_id,
+            judgement,
+            rows,
+            tx.update_for_command,
+            key,
+            intent.command_type,
+        )
+
+    def _judge_committed(
+        self, namespace: str, workflow_id: str, intent: Intent, key: str, token: str
+    ) -> Admission | None:
+        """Answer a retry from committed receipts, without the lock, when a receipt exists.
+
+        Receipts are immutable (an update's status only advances, by its own
+        committed transaction), so a committed receipt gives the answer the
+        lock would give; with none, the caller takes the lock and decides.
+        """
+        found = self.store.read_receipts(namespace, workflow_id, intent.command_type, [token, key])
+        if not found:
+            return None
+        rows = [row for row, _ in found]
+        judgement = judge_receipts([_stored(r) for r in rows], key, token, intent)
+        if judgement.decision is None:
+            return None
+        updates = {row.id: update for row, update in found}
+        return self._answer_judgement(
+            namespace, workflow_id, judgement, rows, updates.get, key, intent.command_type
+        )
 
     def _answer_judgement(
         self,
-        tx: LockedInstance,
+        namespace: str,
+        workflow_id: str,
         judgement: ReceiptJudgement,
         rows: Sequence[CommandRow],
+        update_of: Callable[[str], UpdateRow | None],
         key: str,
         command_type: CommandType,
     ) -> Admission:
-        instance = tx.instance
         if judgement.decision is Decision.AMBIGUOUS:
             return Admission(
                 decision=Decision.AMBIGUOUS,
                 outcome="request_id_ambiguous",
-                namespace=instance.namespace,
-                workflow_id=instance.workflow_id,
+                namespace=namespace,
+                workflow_id=workflow_id,
                 command_type=command_type,
                 request_id=key,
                 retained=True,
@@ -484,13 +521,13 @@ class AdmissionService:
             )
         assert judgement.receipt is not None and judgement.decision is not None
         row = next(r for r in rows if r.id == judgement.receipt.command_id)
-        update = tx.update_for_command(row.id) if row.command_type == "update" else None
+        update = update_of(row.id) if row.command_type == "update" else None
         if judgement.decision is Decision.CONFLICT:
             return Admission(
                 decision=Decision.CONFLICT,
                 outcome="request_id_conflict",
-                namespace=instance.namespace,
-                workflow_id=instance.workflow_id,
+                namespace=namespace,
+                workflow_id=workflow_id,
                 command_type=command_type,
                 request_id=key,
                 retained=False,
@@ -501,12 +538,18 @@ class AdmissionService:
                 retained_outcome=self._row_outcome(row, update),
             )
         return self._answer(
-            Decision.RETAINED, instance, row, update, key, intent_verified=judgement.intent_verified
+            Decision.RETAINED,
+            namespace,
+            workflow_id,
+            row,
+            update,
+            key,
+            intent_verified=judgement.intent_verified,
         )
 
     @staticmethod
     def _row_outcome(row: CommandRow, update: UpdateRow | None) -> str:
-        if row.status == "rejected":
+        if row.outcome in REFUSALS:
             return row.outcome
         if update is not None:
             return update.status
@@ -515,19 +558,20 @@ class AdmissionService:
     def _answer(
         self,
         decision: Decision,
-        instance: InstanceRow,
+        namespace: str,
+        workflow_id: str,
         row: CommandRow,
         update: UpdateRow | None,
         key: str | None,
         *,
         intent_verified: bool,
     ) -> Admission:
-        rejected = row.status == "rejected"
+        rejected = row.outcome in REFUSALS
         return Admission(
             decision=decision,
             outcome=self._row_outcome(row, update),
-            namespace=instance.namespace,
-            workflow_id=instance.workflow_id,
+            namespace=namespace,
+            workflow_id=workflow_id,
             command_type="signal" if row.command_type == "signal" else "update",
             request_id=key,
             retained=decision is Decision.RETAINED,
@@ -611,7 +655,8 @@ class AdmissionService:
                     # Applying the same completion twice is a retry, not a second effect.
                     return self._answer(
                         Decision.RETAINED,
-                        tx.instance,
+                        namespace,
+                        workflow_id,
                         row,
                         update,
                         key,
@@ -639,7 +684,13 @@ class AdmissionService:
                 update_id=update.id,
             )
             return self._answer(
-                Decision.FRESH, tx.instance, row, finished, key, intent_verified=row.intent_digest is not None
+                Decision.FRESH,
+                namespace,
+                workflow_id,
+                row,
+                finished,
+                key,
+                intent_verified=row.intent_digest is not None,
             )
 
     @staticmethod
@@ -663,12 +714,9 @@ class AdmissionService:
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
         key = validate_request_id(request_id, command_type)
-        instance = self.store.find_instance(namespace, workflow_id)
-        if instance is None:
-            return None
         token = receipt_token(command_type, key)
-        rows = self.store.read_commands(instance.id, command_type, [token, key])
-        selected, ambiguity = select_receipt([_stored(r) for r in rows], key, token)
+        found = self.store.read_receipts(namespace, workflow_id, command_type, [token, key])
+        selected, ambiguity = select_receipt([_stored(row) for row, _ in found], key, token)
         if ambiguity is not None:
             return Admission(
                 decision=Decision.AMBIGUOUS,
@@ -683,10 +731,15 @@ class AdmissionService:
             )
         if selected is None:
             return None
-        row = next(r for r in rows if r.id == selected.command_id)
-        update = self.store.read_update(row.id) if command_type == "update" else None
+        row, update = next((r, u) for r, u in found if r.id == selected.command_id)
         return self._answer(
-            Decision.RETAINED, instance, row, update, key, intent_verified=row.intent_digest is not None
+            Decision.RETAINED,
+            namespace,
+            workflow_id,
+            row,
+            update,
+            key,
+            intent_verified=row.intent_digest is not None,
         )
 
     def history(self, namespace: str, workflow_id: str) -> list[HistoryEvent]:

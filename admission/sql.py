@@ -20,11 +20,21 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import Engine, create_engine, event, func, insert, literal, select, tuple_, update
+from sqlalchemy import (
+    Engine,
+    bindparam,
+    create_engine,
+    event,
+    func,
+    insert,
+    literal,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, RowMapping, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
-from sqlalchemy.pool import NullPool
 
 from admission.errors import AdmissionError, StorageError
 from admission.schema import (
@@ -52,7 +62,7 @@ DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 _REQUEST_INDEX: Final = ("instance_id", "command_type", "request_id")
-_READ_ONLY: Final = "admission_read_only"
+_WRITE: Final = "admission_write"
 
 
 def normalize_url(url: str) -> str:
@@ -69,9 +79,10 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine configured as admission needs it.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
-    timeout, and every write transaction opened with ``BEGIN IMMEDIATE`` so
-    that the admission lock is taken before the first read (a deferred
-    transaction that upgrades to a write can fail instead of waiting).
+    timeout, pooled connections, and admission's write transactions opened
+    with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
+    first read (a deferred transaction that upgrades to a write can fail
+    instead of waiting).  Other transactions on the engine begin deferred.
     """
     url = normalize_url(url)
     if make_url(url).get_backend_name() != "sqlite":
@@ -79,8 +90,7 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
         return create_engine(url, **kwargs)
     if make_url(url).database in (None, "", ":memory:"):
         raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
-    kwargs.setdefault("poolclass", NullPool)
-    kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
     engine = create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -96,7 +106,7 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
     return engine
 
@@ -203,12 +213,143 @@ def _constraint(exc: IntegrityError) -> str:
     return match.group(1) if match else "unknown"
 
 
+# Statements are built once: SQLAlchemy then reuses their cache keys and
+# compiled SQL, which matters on the admission hot path.
+_b = bindparam
+_INSTANCE_LOOKUP = (
+    select(
+        workflow_instances,
+        *(c.label(f"run_{c.name}") for c in workflow_runs.c),
+        select(func.max(workflow_commands.c.command_sequence))
+        .where(workflow_commands.c.instance_id == workflow_instances.c.id)
+        .scalar_subquery()
+        .label("last_sequence"),
+    )
+    .select_from(
+        workflow_instances.outerjoin(workflow_runs, workflow_runs.c.id == workflow_instances.c.current_run_id)
+    )
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+    )
+)
+# PostgreSQL takes the row lock with a statement of its own: a statement that
+# waited for the lock re-checks only the locked row, and would return the rest
+# (the current run, the last sequence) as of before the wait.  The lookup that
+# follows is a new statement, so under READ COMMITTED it sees every commit
+# made before the lock was granted.  SQLite's BEGIN IMMEDIATE locks first.
+_LOCK_POSTGRES = (
+    select(workflow_instances.c.id)
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+    )
+    .with_for_update()
+)
+_RUN = select(workflow_runs).where(
+    workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
+)
+_COMMANDS_BY_KEY = (
+    select(workflow_commands)
+    .where(
+        workflow_commands.c.instance_id == _b("iid"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id.in_([_b("token"), _b("raw")]),
+    )
+    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
+)
+_RECEIPTS = (
+    select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+    .select_from(
+        workflow_commands.join(
+            workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
+        ).outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
+    )
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id.in_([_b("token"), _b("raw")]),
+    )
+    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
+)
+_COMMAND = select(workflow_commands).where(
+    workflow_commands.c.id == _b("command_id"), workflow_commands.c.instance_id == _b("iid")
+)
+_UPDATE_OF_COMMAND = select(workflow_updates).where(workflow_updates.c.command_id == _b("command_id"))
+_UPDATE = select(workflow_updates).where(
+    workflow_updates.c.id == _b("update_id"), workflow_updates.c.instance_id == _b("iid")
+)
+_INSERT_COMMAND = insert(workflow_commands)
+_INSERT_UPDATE = insert(workflow_updates)
+_INSERT_RUN = insert(workflow_runs)
+_INSERT_EVENT = {
+    dialect: insert(workflow_history_events)
+    .values(tx_id=func.txid_current() if dialect == "postgresql" else literal(0))
+    .returning(workflow_history_events.c.position, workflow_history_events.c.tx_id)
+    for dialect in ("postgresql", "sqlite")
+}
+_INSERT_KEYED_COMMAND = {
+    "postgresql": postgresql.insert(workflow_commands)
+    .on_conflict_do_nothing(index_elements=list(_REQUEST_INDEX))
+    .returning(workflow_commands.c.id),
+    "sqlite": sqlite.insert(workflow_commands)
+    .on_conflict_do_nothing(index_elements=list(_REQUEST_INDEX))
+    .returning(workflow_commands.c.id),
+}
+
+
+def _key_values(request_ids: Sequence[str], postgres: bool) -> tuple[str, str] | None:
+    """The two values a receipt lookup compares ``request_id`` with (token, raw key)."""
+    # PostgreSQL text cannot hold NUL, so no stored value can equal a key that
+    # contains one; asking would only make the driver refuse the query.
+    wanted = [r for r in request_ids if not (postgres and "\x00" in r)]
+    if not wanted:
+        return None
+    if len(wanted) > 2:
+        raise ValueError("a receipt lookup compares at most two values")
+    return wanted[0], wanted[-1]
+
+
+def _current_run(row: RowMapping) -> RunRow | None:
+    if row["run_id"] is None:
+        return None
+    return RunRow(
+        row["run_id"],
+        row["run_instance_id"],
+        row["run_run_number"],
+        row["run_status"],
+        row["run_continued_from_run_id"],
+        _utc(row["run_started_at"]),
+        _utc_or_none(row["run_closed_at"]),
+    )
+
+
+def _optional_update(row: RowMapping) -> UpdateRow | None:
+    if row["u_id"] is None:
+        return None
+    return UpdateRow(
+        row["u_id"],
+        row["u_command_id"],
+        row["u_instance_id"],
+        row["u_run_id"],
+        row["u_name"],
+        row["u_status"],
+        _bytes(row["u_result"]),
+        row["u_failure"],
+        _utc(row["u_accepted_at"]),
+        _utc_or_none(row["u_completed_at"]),
+    )
+
+
 class _SqlLocked:
     """One instance under the admission lock, on one connection."""
 
-    def __init__(self, conn: Connection, instance: InstanceRow, postgres: bool) -> None:
+    def __init__(self, conn: Connection, locked: RowMapping, postgres: bool) -> None:
         self._conn = conn
-        self._instance = instance
+        self._instance = _instance(locked)
+        self._current = _current_run(locked)
+        self._last_sequence: int = locked["last_sequence"] or 0
         self._postgres = postgres
 
     @property
@@ -216,81 +357,73 @@ class _SqlLocked:
         return self._instance
 
     def run(self, run_id: str) -> RunRow | None:
-        row = (
-            self._conn.execute(
-                select(workflow_runs).where(
-                    workflow_runs.c.id == run_id, workflow_runs.c.instance_id == self._instance.id
-                )
-            )
-            .mappings()
-            .first()
-        )
+        if self._current is not None and self._current.id == run_id:
+            return self._current
+        row = self._conn.execute(_RUN, {"run_id": run_id, "iid": self._instance.id}).mappings().first()
         return None if row is None else _run(row)
 
+    def current_run(self) -> RunRow | None:
+        return self._current
+
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
-        return _find_commands(self._conn, self._postgres, self._instance.id, command_type, request_ids)
+        values = _key_values(request_ids, self._postgres)
+        if values is None:
+            return []
+        params = {
+            "iid": self._instance.id,
+            "command_type": command_type,
+            "token": values[0],
+            "raw": values[1],
+        }
+        return [_command(r) for r in self._conn.execute(_COMMANDS_BY_KEY, params).mappings()]
 
     def get_command(self, command_id: str) -> CommandRow | None:
         row = (
-            self._conn.execute(
-                select(workflow_commands).where(
-                    workflow_commands.c.id == command_id, workflow_commands.c.instance_id == self._instance.id
-                )
-            )
+            self._conn.execute(_COMMAND, {"command_id": command_id, "iid": self._instance.id})
             .mappings()
             .first()
         )
         return None if row is None else _command(row)
 
     def next_command_sequence(self) -> int:
-        current = self._conn.execute(
-            select(func.max(workflow_commands.c.command_sequence)).where(
-                workflow_commands.c.instance_id == self._instance.id
-            )
-        ).scalar()
-        return 1 + (current or 0)
+        # The lock serialises every writer of this instance, so the maximum
+        # read with the lock stays valid for the whole transaction.
+        self._last_sequence += 1
+        return self._last_sequence
 
     def insert_command(self, row: CommandRow) -> bool:
         values = _fields(row)
         if row.request_id is None:
-            self._conn.execute(insert(workflow_commands).values(values))
+            self._conn.execute(_INSERT_COMMAND, values)
             return True
-        dialect_insert = postgresql.insert if self._postgres else sqlite.insert
-        statement = (
-            dialect_insert(workflow_commands)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=list(_REQUEST_INDEX))
-            .returning(workflow_commands.c.id)
-        )
-        return self._conn.execute(statement).first() is not None
+        statement = _INSERT_KEYED_COMMAND["postgresql" if self._postgres else "sqlite"]
+        return self._conn.execute(statement, values).first() is not None
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
-        return _read_update(self._conn, command_id)
+        row = self._conn.execute(_UPDATE_OF_COMMAND, {"command_id": command_id}).mappings().first()
+        return None if row is None else _update(row)
 
     def get_update(self, update_id: str) -> UpdateRow | None:
         row = (
-            self._conn.execute(
-                select(workflow_updates).where(
-                    workflow_updates.c.id == update_id, workflow_updates.c.instance_id == self._instance.id
-                )
-            )
-            .mappings()
-            .first()
+            self._conn.execute(_UPDATE, {"update_id": update_id, "iid": self._instance.id}).mappings().first()
         )
         return None if row is None else _update(row)
 
     def insert_update(self, row: UpdateRow) -> None:
-        self._conn.execute(insert(workflow_updates).values(_fields(row)))
+        self._conn.execute(_INSERT_UPDATE, _fields(row))
 
     def save_update(self, row: UpdateRow) -> None:
-        values = _fields(row)
-        self._conn.execute(update(workflow_updates).where(workflow_updates.c.id == row.id).values(values))
+        self._conn.execute(
+            update(workflow_updates).where(workflow_updates.c.id == row.id).values(_fields(row))
+        )
 
     def insert_run(self, row: RunRow) -> None:
-        self._conn.execute(insert(workflow_runs).values(_fields(row)))
+        self._conn.execute(_INSERT_RUN, _fields(row))
 
     def save_run(self, row: RunRow) -> None:
         self._conn.execute(update(workflow_runs).where(workflow_runs.c.id == row.id).values(_fields(row)))
+        if self._current is not None and self._current.id == row.id:
+            self._current = row
 
     def set_current_run(self, run_id: str | None) -> None:
         self._conn.execute(
@@ -305,52 +438,16 @@ class _SqlLocked:
             run_id,
             self._instance.created_at,
         )
+        self._current = None if run_id is None else self.run(run_id)
 
     def append_event(self, event_row: EventRow) -> EventRow:
         values = _fields(event_row)
-        del values["position"]
-        # txid_current() assigns and returns this transaction's id; readers
-        # use it to never pass an event that commits later (docs/event-log.md).
-        values["tx_id"] = func.txid_current() if self._postgres else literal(0)
-        row = self._conn.execute(
-            insert(workflow_history_events)
-            .values(values)
-            .returning(workflow_history_events.c.position, workflow_history_events.c.tx_id)
-        ).one()
+        del values["position"], values["tx_id"]
+        # On PostgreSQL tx_id is txid_current(): readers use it to never pass
+        # an event that commits later (docs/event-log.md).
+        statement = _INSERT_EVENT["postgresql" if self._postgres else "sqlite"]
+        row = self._conn.execute(statement, values).one()
         return EventRow(**{**_fields(event_row), "position": row.position, "tx_id": row.tx_id})
-
-
-def _find_commands(
-    conn: Connection, postgres: bool, instance_id: str, command_type: str, request_ids: Sequence[str]
-) -> list[CommandRow]:
-    # PostgreSQL text cannot hold NUL, so no stored value can equal a key that
-    # contains one; asking would only make the driver refuse the query.
-    wanted = [r for r in request_ids if not (postgres and "\x00" in r)]
-    if not wanted:
-        return []
-    rows = (
-        conn.execute(
-            select(workflow_commands)
-            .where(
-                workflow_commands.c.instance_id == instance_id,
-                workflow_commands.c.command_type == command_type,
-                workflow_commands.c.request_id.in_(wanted),
-            )
-            .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
-        )
-        .mappings()
-        .all()
-    )
-    return [_command(r) for r in rows]
-
-
-def _read_update(conn: Connection, command_id: str) -> UpdateRow | None:
-    row = (
-        conn.execute(select(workflow_updates).where(workflow_updates.c.command_id == command_id))
-        .mappings()
-        .first()
-    )
-    return None if row is None else _update(row)
 
 
 class SqlStore:
@@ -384,15 +481,20 @@ class SqlStore:
         takes its lock inside the caller's transaction.  Commits on success,
         rolls back on an exception.
         """
-        with self._translate(), self.engine.connect() as conn, conn.begin():
+        with self._translate(), self._write() as conn:
             yield conn
 
     @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        with self._translate(), self.engine.connect() as conn:
-            conn.execution_options(**{_READ_ONLY: True})
+    def _write(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn.execution_options(**{_WRITE: True})
             with conn.begin():
                 yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._translate(), self.engine.connect() as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def _translate(self) -> Iterator[None]:
@@ -408,14 +510,9 @@ class SqlStore:
     def _lock(
         self, conn: Connection, namespace: str, workflow_id: str, created_at: datetime, new_id: str
     ) -> _SqlLocked:
-        query = (
-            select(workflow_instances)
-            .where(
-                workflow_instances.c.namespace == namespace, workflow_instances.c.workflow_id == workflow_id
-            )
-            .with_for_update()
-        )
-        row = conn.execute(query).mappings().first()
+        params = {"namespace": namespace, "workflow_id": workflow_id}
+        query = _LOCK_POSTGRES if self.postgres else _INSTANCE_LOOKUP
+        row = conn.execute(query, params).mappings().first()
         if row is None:
             values = {
                 "id": new_id,
@@ -432,8 +529,10 @@ class SqlStore:
                 .values(values)
                 .on_conflict_do_nothing(index_elements=["namespace", "workflow_id"])
             )
-            row = conn.execute(query).mappings().one()
-        return _SqlLocked(conn, _instance(row), self.postgres)
+            row = conn.execute(query, params).mappings().one()
+        if self.postgres:
+            row = conn.execute(_INSTANCE_LOOKUP, params).mappings().one()
+        return _SqlLocked(conn, row, self.postgres)
 
     @contextmanager
     def _locked(
@@ -449,7 +548,7 @@ class SqlStore:
             with self._translate():
                 yield self._lock(connection, namespace, workflow_id, created_at, new_id)
             return
-        with self._translate(), self.engine.connect() as conn, conn.begin():
+        with self._translate(), self._write() as conn:
             yield self._lock(conn, namespace, workflow_id, created_at, new_id)
 
     def locked(
@@ -483,17 +582,23 @@ class SqlStore:
             )
         return None if row is None else _instance(row)
 
-    def read_commands(
-        self, instance_id: str, command_type: str, request_ids: Sequence[str]
-    ) -> list[CommandRow]:
-        """Read-only lookup of commands by request_id values, oldest first."""
+    def read_receipts(
+        self, namespace: str, workflow_id: str, command_type: str, request_ids: Sequence[str]
+    ) -> list[tuple[CommandRow, UpdateRow | None]]:
+        """Committed commands by ``request_id`` values with their updates, in one read, no lock."""
+        values = _key_values(request_ids, self.postgres)
+        if values is None:
+            return []
+        params = {
+            "namespace": namespace,
+            "workflow_id": workflow_id,
+            "command_type": command_type,
+            "token": values[0],
+            "raw": values[1],
+        }
         with self._read() as conn:
-            return _find_commands(conn, self.postgres, instance_id, command_type, request_ids)
-
-    def read_update(self, command_id: str) -> UpdateRow | None:
-        """Read-only lookup of the update a command created."""
-        with self._read() as conn:
-            return _read_update(conn, command_id)
+            rows = conn.execute(_RECEIPTS, params).mappings().all()
+        return [(_command(r), _optional_update(r)) for r in rows]
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""

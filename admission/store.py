@@ -136,6 +136,10 @@ class LockedInstance(Protocol):
         """A run of this instance, by id."""
         ...
 
+    def current_run(self) -> RunRow | None:
+        """The run the instance points at as current (open or closed), if any."""
+        ...
+
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
         """Commands of this type whose ``request_id`` is one of ``request_ids``, oldest first."""
         ...
@@ -209,14 +213,11 @@ class Store(Protocol):
         """Read an instance without locking it."""
         ...
 
-    def read_commands(
-        self, instance_id: str, command_type: str, request_ids: Sequence[str]
-    ) -> list[CommandRow]:
-        """Read-only lookup of commands by request_id values, oldest first."""
-        ...
-
-    def read_update(self, command_id: str) -> UpdateRow | None:
-        """Read-only lookup of the update a command created."""
+    def read_receipts(
+        self, namespace: str, workflow_id: str, command_type: str, request_ids: Sequence[str]
+    ) -> list[tuple[CommandRow, UpdateRow | None]]:
+        """Committed commands of one instance and type whose ``request_id`` is one of
+        ``request_ids``, oldest first, each with its update: one read, no lock."""
         ...
 
     def read_history(self, instance_id: str) -> list[EventRow]:
@@ -266,6 +267,10 @@ class _MemoryLocked:
     def run(self, run_id: str) -> RunRow | None:
         run = self._t.runs.get(run_id)
         return run if run is not None and run.instance_id == self._id else None
+
+    def current_run(self) -> RunRow | None:
+        current = self.instance.current_run_id
+        return None if current is None else self.run(current)
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
         wanted = set(request_ids)
@@ -368,17 +373,16 @@ class MemoryStore:
             instance_id = self._tables.instance_keys.get((namespace, workflow_id))
             return None if instance_id is None else self._tables.instances[instance_id]
 
-    def read_commands(
-        self, instance_id: str, command_type: str, request_ids: Sequence[str]
-    ) -> list[CommandRow]:
-        """Read-only lookup of commands by request_id values, oldest first."""
+    def read_receipts(
+        self, namespace: str, workflow_id: str, command_type: str, request_ids: Sequence[str]
+    ) -> list[tuple[CommandRow, UpdateRow | None]]:
+        """Commands of one instance and type by ``request_id`` values, each with its update."""
         with self._lock:
-            return _MemoryLocked(self._tables, instance_id).find_commands(command_type, request_ids)
-
-    def read_update(self, command_id: str) -> UpdateRow | None:
-        """Read-only lookup of the update a command created."""
-        with self._lock:
-            return next((u for u in self._tables.updates.values() if u.command_id == command_id), None)
+            instance_id = self._tables.instance_keys.get((namespace, workflow_id))
+            if instance_id is None:
+                return []
+            view = _MemoryLocked(self._tables, instance_id)
+            return [(c, view.update_for_command(c.id)) for c in view.find_commands(command_type, request_ids)]
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""
