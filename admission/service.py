@@ -150,11 +150,14 @@ def _literal_key(context: bytes | None) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _stored(row: CommandRow) -> StoredReceipt:
+def _stored(row: CommandRow, key: str) -> StoredReceipt:
+    # The context this version writes for ``key`` is canonical, so equal bytes
+    # prove the literal without decoding; anything else is decoded.
+    literal = key if row.context is not None and row.context == _context(key) else _literal_key(row.context)
     return StoredReceipt(
         command_id=row.id,
         request_id=row.request_id or "",
-        literal_key=_literal_key(row.context),
+        literal_key=literal,
         name=row.name,
         target=row.requested_run_id if row.target_scope == "run" else None,
         intent_digest=row.intent_digest,
@@ -463,7 +466,7 @@ class AdmissionService:
 
     def _judge_key(self, tx: LockedInstance, intent: Intent, key: str, token: str) -> Admission | None:
         rows = tx.find_commands(intent.command_type, [token, key])
-        judgement = judge_receipts([_stored(r) for r in rows], key, token, intent)
+        judgement = judge_receipts([_stored(r, key) for r in rows], key, token, intent)
         if judgement.decision is None:
             return None
         return self._answer_judgement(
@@ -489,7 +492,7 @@ class AdmissionService:
         if not found:
             return None
         rows = [row for row, _ in found]
-        judgement = judge_receipts([_stored(r) for r in rows], key, token, intent)
+        judgement = judge_receipts([_stored(r, key) for r in rows], key, token, intent)
         if judgement.decision is None:
             return None
         updates = {row.id: update for row, update in found}
@@ -716,7 +719,7 @@ class AdmissionService:
         key = validate_request_id(request_id, command_type)
         token = receipt_token(command_type, key)
         found = self.store.read_receipts(namespace, workflow_id, command_type, [token, key])
-        selected, ambiguity = select_receipt([_stored(row) for row, _ in found], key, token)
+        selected, ambiguity = select_receipt([_stored(row, key) for row, _ in found], key, token)
         if ambiguity is not None:
             return Admission(
                 decision=Decision.AMBIGUOUS,
