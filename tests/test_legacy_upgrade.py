@@ -364,3 +364,70 @@ def test_legacy_receipts_answer_as_the_manifest_says_and_nothing_is_written(
     finally:
         store.dispose()
     assert diff_snapshots(upgraded, snapshot(engine)) == []
+
+
+def _retry_every_case(url: str, cases: list[dict[str, Any]], barrier: Any, out: Any) -> None:
+    """One of four processes: the same changed-input retry of every legacy receipt, in step."""
+    store = SqlStore.open(url)
+    service = AdmissionService(store)
+    try:
+        for case in cases:
+            barrier.wait(timeout=60)
+            admit = service.admit_signal if case["command_type"] == "signal" else service.admit_update
+            for arguments, name in (({"changed": True}, case["name"]), ([], case["name"] + "-renamed")):
+                answer = admit(
+                    case["namespace"],
+                    case["workflow_id"],
+                    name,
+                    arguments,
+                    request_id=case["key"],
+                    run_id=case["target"] if name == case["name"] else None,
+                )
+                out.put((case["case_id"], name == case["name"], answer.to_dict()))
+    finally:
+        store.dispose()
+
+
+def test_four_concurrent_changed_input_retries_of_every_legacy_receipt_agree_and_write_nothing(
+    legacy: tuple[str, LegacyManifest], engine: Engine
+) -> None:
+    import multiprocessing
+
+    url, manifest = legacy
+    assert cli(url, "db", "upgrade").returncode == 0
+    before = snapshot(engine)
+    context = multiprocessing.get_context("spawn")
+    barrier, out = context.Barrier(4), context.Queue()
+    cases = [
+        {
+            k: getattr(c, k)
+            for k in ("case_id", "namespace", "workflow_id", "command_type", "key", "name", "target")
+        }
+        for c in manifest.cases
+    ]
+    workers = [context.Process(target=_retry_every_case, args=(url, cases, barrier, out)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    answers: dict[tuple[str, bool], list[dict[str, Any]]] = {}
+    for _ in range(4 * 2 * len(cases)):
+        case_id, same_name, answer = out.get(timeout=120)
+        answers.setdefault((case_id, same_name), []).append(answer)
+    for worker in workers:
+        worker.join(timeout=60)
+        assert worker.exitcode == 0
+    by_id = {c.case_id: c for c in manifest.cases}
+    for (case_id, same_name), four in answers.items():
+        assert len(four) == 4 and all(a == four[0] for a in four), case_id
+        case = by_id[case_id]
+        if case.expected == "ambiguous":
+            assert four[0]["outcome"] == "request_id_ambiguous", case_id
+        elif same_name:
+            # Changed arguments on a legacy receipt: nothing proves them, so it is retained, unverified.
+            assert (four[0]["retained"], four[0]["intent_verified"], four[0]["command_id"]) == (
+                True,
+                False,
+                case.command_id,
+            ), case_id
+        else:
+            assert four[0]["outcome"] == "request_id_conflict" and "name" in four[0]["conflict"], case_id
+    assert diff_snapshots(before, snapshot(engine)) == []
