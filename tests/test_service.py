@@ -353,3 +353,56 @@ def test_unique_index_backstop_answers_instead_of_raising(service: AdmissionServ
         assert row is not None
         clash = replace(row, id="other", command_sequence=tx.next_command_sequence())
         assert tx.insert_command(clash) is False
+
+
+class _BlindLock:
+    """A locked instance whose first receipt lookup misses: as if a writer had skipped the lock."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self._blind = True
+
+    def find_commands(self, command_type: str, request_ids: object) -> object:
+        if self._blind:
+            self._blind = False
+            return []
+        return self._inner.find_commands(command_type, request_ids)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+class _BlindStore:
+    """A store that misses committed receipts and hands out blind locks."""
+
+    def __init__(self, inner: Store) -> None:
+        self._inner = inner
+
+    def read_receipts(self, *args: object) -> list[object]:
+        return []
+
+    def locked(self, *args: object, **kwargs: object) -> object:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def blind():  # type: ignore[no-untyped-def]
+            with self._inner.locked(*args, **kwargs) as tx:  # type: ignore[arg-type]
+                yield _BlindLock(tx)
+
+        return blind()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def test_the_unique_index_backstop_turns_a_duplicate_into_the_retained_answer(
+    service: AdmissionService, run_id: str
+) -> None:
+    first = service.admit_update(NS, WF, "go", [1], request_id="k")
+    events = event_count(service)
+    blind = AdmissionService(_BlindStore(service.store), clock=Clock())  # type: ignore[arg-type]
+    again = blind.admit_update(NS, WF, "go", [1], request_id="k")
+    assert again.decision is Decision.RETAINED and again.command_id == first.command_id
+    changed = blind.admit_update(NS, WF, "go", [2], request_id="k")
+    assert changed.decision is Decision.CONFLICT and changed.conflict == ("arguments",)
+    assert event_count(service) == events
