@@ -165,6 +165,24 @@ def _stored(row: CommandRow, key: str) -> StoredReceipt:
     )
 
 
+def _ambiguous(
+    namespace: str, workflow_id: str, command_type: CommandType, key: str, shape: str | None
+) -> Admission:
+    # The key has been used, but no receipt can be proven to be its: nothing is
+    # selected and nothing is written (contract §6).
+    return Admission(
+        decision=Decision.AMBIGUOUS,
+        outcome="request_id_ambiguous",
+        namespace=namespace,
+        workflow_id=workflow_id,
+        command_type=command_type,
+        request_id=key,
+        retained=True,
+        intent_verified=False,
+        ambiguity=shape,
+    )
+
+
 def _result(update: UpdateRow) -> Value:
     # A completed update keeps its result, possibly null; legacy rows may hold
     # NULL for a completed-null result.
@@ -511,17 +529,7 @@ class AdmissionService:
         command_type: CommandType,
     ) -> Admission:
         if judgement.decision is Decision.AMBIGUOUS:
-            return Admission(
-                decision=Decision.AMBIGUOUS,
-                outcome="request_id_ambiguous",
-                namespace=namespace,
-                workflow_id=workflow_id,
-                command_type=command_type,
-                request_id=key,
-                retained=True,
-                intent_verified=False,
-                ambiguity=judgement.ambiguity,
-            )
+            return _ambiguous(namespace, workflow_id, command_type, key, judgement.ambiguity)
         assert judgement.receipt is not None and judgement.decision is not None
         row = next(r for r in rows if r.id == judgement.receipt.command_id)
         update = update_of(row.id) if row.command_type == "update" else None
@@ -721,17 +729,7 @@ class AdmissionService:
         found = self.store.read_receipts(namespace, workflow_id, command_type, [token, key])
         selected, ambiguity = select_receipt([_stored(row, key) for row, _ in found], key, token)
         if ambiguity is not None:
-            return Admission(
-                decision=Decision.AMBIGUOUS,
-                outcome="request_id_ambiguous",
-                namespace=namespace,
-                workflow_id=workflow_id,
-                command_type=command_type,
-                request_id=key,
-                retained=True,
-                intent_verified=False,
-                ambiguity=ambiguity,
-            )
+            return _ambiguous(namespace, workflow_id, command_type, key, ambiguity)
         if selected is None:
             return None
         row, update = next((r, u) for r, u in found if r.id == selected.command_id)

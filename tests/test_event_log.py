@@ -17,8 +17,7 @@ import random
 import time
 import traceback
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from multiprocessing.process import BaseProcess
+from contextlib import suppress
 from typing import Any
 
 import pytest
@@ -28,10 +27,10 @@ from admission.schema import workflow_history_events
 from admission.service import AdmissionService
 from admission.sql import SqlStore, normalize_url
 from admission.store import EventCursor, EventRow
+from tests.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")
 NS = "tenant-log"
-WAIT = 60.0
 """Upper bound for any wait on a worker: only a hang ever reaches it."""
 
 events = workflow_history_events
@@ -163,22 +162,6 @@ def _tail(db_url: str, seed: int, barrier: Any, control: Any, results: Any) -> N
 
 
 # -- helpers of the parent ---------------------------------------------------------------------------
-
-
-@contextmanager
-def running(*processes: BaseProcess) -> Iterator[None]:
-    """Start the processes; whatever happens, none outlives the test (they are ours: kill by handle)."""
-    for process in processes:
-        process.start()
-    try:
-        yield
-        for process in processes:
-            process.join(WAIT)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join(WAIT)
 
 
 def receive(results: Any, who: str) -> dict[str, Any]:

@@ -23,9 +23,7 @@ import traceback
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
@@ -35,11 +33,11 @@ from admission.keys import receipt_token
 from admission.schema import workflow_commands, workflow_history_events, workflow_instances, workflow_updates
 from admission.service import AdmissionService
 from admission.sql import SqlStore, normalize_url
+from tests.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")
 NS = "tenant-race"
 PROCESSES = 8
-WAIT = 60.0
 """Upper bound for any wait on a worker: only a hang ever reaches it."""
 
 
@@ -151,22 +149,6 @@ def _admit_when_told(db_url: str, step: dict[str, Any], go: Any, calling: Any, r
 
 
 # -- helpers of the parent ---------------------------------------------------------------------------
-
-
-@contextmanager
-def running(*processes: BaseProcess) -> Iterator[None]:
-    """Start the processes; whatever happens, none outlives the test (they are ours: kill by handle)."""
-    for process in processes:
-        process.start()
-    try:
-        yield
-        for process in processes:
-            process.join(WAIT)
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join(WAIT)
 
 
 def collect(results: Any, count: int) -> list[dict[str, Any]]:
