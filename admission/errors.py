@@ -21,6 +21,7 @@ __all__ = [
     "RunStateError",
     "SchemaRevisionError",
     "StorageError",
+    "UnknownCommandError",
     "UnknownUpdateError",
 ]
 
@@ -165,3 +166,13 @@ class StorageError(AdmissionError, RuntimeError):
     def __init__(self, message: str, *, constraint: str | None = None) -> None:
         super().__init__(message)
         self.constraint = constraint
+
+
+class UnknownCommandError(AdmissionError, LookupError):
+    """No admitted command of the expected kind with this id exists in this instance."""
+
+    code: ClassVar[str] = "command_unknown"
+
+    def __init__(self, message: str, *, command_id: str) -> None:
+        super().__init__(message)
+        self.command_id = command_id

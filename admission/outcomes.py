@@ -34,6 +34,15 @@ Every rule that decides what a keyed command gets lives here, in two tables:
    otherwise                                       fresh: received / accepted
    ==============================================  ===========================
 
+3. **What happens to runs and commands over their lifetime** (contract §5):
+   ``RUN_TRANSITIONS``, ``SIGNAL_TRANSITIONS`` and ``UPDATE_TRANSITIONS``
+   below, one row per (state, event) -> state.  A pending command (a signal
+   ``received``, an update ``accepted``) is *handed off* when its run
+   continues as new and it was sent to the instance; any other pending
+   command of a closing run is closed with it.  Receipts never change: a
+   retry still gets the original answer, whatever the command became.
+   ``docs/lifecycle.md`` draws these tables (``lifecycle_diagram``).
+
 The HTTP status of a retained receipt is its own state's (``http_status``).
 
 Pure: no I/O, no clock, no SQLAlchemy.
@@ -51,6 +60,9 @@ from admission.encoding import Value
 from admission.keys import TOKEN_PATTERN
 
 __all__ = [
+    "RUN_TRANSITIONS",
+    "SIGNAL_TRANSITIONS",
+    "UPDATE_TRANSITIONS",
     "Admission",
     "CommandType",
     "Decision",
@@ -62,6 +74,7 @@ __all__ = [
     "json_value",
     "judge_receipts",
     "judge_target",
+    "lifecycle_diagram",
     "select_receipt",
 ]
 
@@ -69,6 +82,64 @@ CommandType = Literal["signal", "update"]
 """The two kinds of command a caller sends."""
 
 OPEN: Final = "open"
+
+RUN_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
+    ("open", "complete"): "completed",
+    ("open", "fail"): "failed",
+    ("open", "cancel"): "cancelled",
+    ("open", "terminate"): "terminated",
+    ("open", "continue_as_new"): "continued",
+}
+"""A run: (status, event) -> status.  Closed runs never change again."""
+
+SIGNAL_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
+    ("received", "apply"): "applied",
+    ("received", "run_closed"): "rejected",
+    ("received", "handed_off"): "received",
+}
+"""A signal's lifecycle status: (status, event) -> status.  ``run_closed``
+rejects it (``run_closed_before_signal_applied``); ``handed_off`` keeps it
+pending in the successor run."""
+
+UPDATE_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
+    ("accepted", "complete"): "completed",
+    ("accepted", "fail"): "failed",
+    ("accepted", "run_closed"): "failed",
+    ("accepted", "handed_off"): "accepted",
+}
+"""An update's status: (status, event) -> status.  ``run_closed`` fails it
+(``run_closed_before_update_applied``)."""
+
+CLOSE_EVENTS: Final[dict[str, str]] = {
+    "completed": "complete",
+    "failed": "fail",
+    "cancelled": "cancel",
+    "terminated": "terminate",
+    "continued": "continue_as_new",
+}
+
+
+def closing_event(scope: str, continue_as_new: bool) -> str:
+    """What a pending command of a closing run undergoes: handed off or closed with it."""
+    return "handed_off" if continue_as_new and scope == "instance" else "run_closed"
+
+
+def lifecycle_diagram() -> str:
+    """The three lifecycle tables as Mermaid state diagrams (``docs/lifecycle.md``)."""
+    parts = []
+    for title, table, start in (
+        ("Run", RUN_TRANSITIONS, "open"),
+        ("Signal", SIGNAL_TRANSITIONS, "received"),
+        ("Update", UPDATE_TRANSITIONS, "accepted"),
+    ):
+        lines = [f"### {title}", "", "```mermaid", "stateDiagram-v2", f"    [*] --> {start}"]
+        lines += [f"    {before} --> {after}: {event}" for (before, event), after in table.items()]
+        finals = sorted({after for after in table.values()} - {before for before, _ in table})
+        lines += [f"    {final} --> [*]" for final in finals]
+        lines += ["```", ""]
+        parts.append("\n".join(lines))
+    return "\n".join(parts)
+
 
 # The state of a stored command (and of its update) -> HTTP status (contract §4, §5).
 _STATUS_BY_OUTCOME: Final[dict[str, int]] = {
@@ -277,6 +348,7 @@ class Admission:
     command_sequence: int | None = None
     received_at: datetime | None = None
     target_scope: Literal["instance", "run"] = "instance"
+    signal_status: str | None = None
     update_id: str | None = None
     update_status: str | None = None
     result: Value = None
@@ -333,6 +405,8 @@ class Admission:
         if self.outcome in ("rejected_not_current", "run_not_active"):
             body["requested_run_id"] = self.requested_run_id
             body["resolved_run_id"] = self.resolved_run_id
+        if self.signal_status is not None:
+            body["signal_status"] = self.signal_status
         if self.command_type == "update" and self.accepted:
             body["update_id"] = self.update_id
             body["update_status"] = self.update_status

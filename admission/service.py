@@ -31,16 +31,22 @@ from admission.errors import (
     AdmissionError,
     InvalidValueError,
     RunStateError,
+    UnknownCommandError,
     UnknownUpdateError,
 )
 from admission.keys import receipt_token, validate_request_id
 from admission.outcomes import (
+    CLOSE_EVENTS,
+    RUN_TRANSITIONS,
+    SIGNAL_TRANSITIONS,
+    UPDATE_TRANSITIONS,
     Admission,
     CommandType,
     Decision,
     Intent,
     ReceiptJudgement,
     StoredReceipt,
+    closing_event,
     json_value,
     judge_receipts,
     judge_target,
@@ -257,7 +263,7 @@ class AdmissionService:
         connection: object | None = None,
     ) -> RunInfo:
         """Close the current run as completed, failed, cancelled or terminated."""
-        if status not in ("completed", "failed", "cancelled", "terminated"):
+        if status not in CLOSE_EVENTS or status == "continued":
             raise InvalidValueError(
                 "must be one of completed, failed, cancelled, terminated", field="status", path=""
             )
@@ -311,20 +317,28 @@ class AdmissionService:
                     reason="run_not_active",
                     run_id=run_id,
                 )
-            closed = replace(current, status=status, closed_at=now)
+            pending = self._pending(tx, current)
+            successor: RunRow | None = None
+            if continue_as_new:
+                successor = RunRow(
+                    id=successor_id,
+                    instance_id=tx.instance.id,
+                    run_number=current.run_number + 1,
+                    status="open",
+                    continued_from_run_id=current.id,
+                    started_at=now,
+                    closed_at=None,
+                )
+            # Pending commands that cannot follow a successor close with their
+            # run, before it closes; their receipts stay as they were (§5).
+            for command, update in pending:
+                if closing_event(command.target_scope, continue_as_new) == "run_closed":
+                    self._close_pending(tx, command, update, current.id, now)
+            closed = replace(current, status=RUN_TRANSITIONS[("open", CLOSE_EVENTS[status])], closed_at=now)
             tx.save_run(closed)
-            self._event(tx, closed.id, "RunClosed", now, {"status": status})
-            if not continue_as_new:
+            self._event(tx, closed.id, "RunClosed", now, {"status": closed.status})
+            if successor is None:
                 return self._run_info(tx, closed)
-            successor = RunRow(
-                id=successor_id,
-                instance_id=tx.instance.id,
-                run_number=current.run_number + 1,
-                status="open",
-                continued_from_run_id=current.id,
-                started_at=now,
-                closed_at=None,
-            )
             tx.insert_run(successor)
             tx.set_current_run(successor.id)
             self._event(
@@ -334,7 +348,127 @@ class AdmissionService:
                 now,
                 {"run_number": successor.run_number, "continued_from_run_id": current.id},
             )
+            # Instance-scope commands not yet applied move to the successor, in
+            # their original order, keeping their ids, arguments and times.
+            for command, update in pending:
+                if closing_event(command.target_scope, continue_as_new) == "handed_off":
+                    self._event(
+                        tx,
+                        successor.id,
+                        "CommandHandedOff",
+                        now,
+                        {
+                            "from_run_id": current.id,
+                            "to_run_id": successor.id,
+                            "command_sequence": command.command_sequence,
+                        },
+                        command_id=command.id,
+                        update_id=update.id if update else None,
+                    )
             return self._run_info(tx, successor)
+
+    def _close_pending(
+        self, tx: LockedInstance, command: CommandRow, update: UpdateRow | None, run_id: str, now: datetime
+    ) -> None:
+        if update is None:
+            reason = "run_closed_before_signal_applied"
+            tx.save_command(
+                replace(
+                    command,
+                    status=SIGNAL_TRANSITIONS[(command.status, "run_closed")],
+                    rejection_reason=reason,
+                )
+            )
+            self._event(tx, run_id, "SignalRejected", now, {"reason": reason}, command_id=command.id)
+            return
+        reason = "run_closed_before_update_applied"
+        tx.save_update(
+            replace(
+                update,
+                status=UPDATE_TRANSITIONS[(update.status, "run_closed")],
+                failure=reason,
+                completed_at=now,
+            )
+        )
+        self._event(
+            tx,
+            run_id,
+            "UpdateFailed",
+            now,
+            {"status": "failed", "failure": reason, "reason": reason},
+            command_id=command.id,
+            update_id=update.id,
+        )
+
+    @staticmethod
+    def _pending(tx: LockedInstance, current: RunRow) -> list[tuple[CommandRow, UpdateRow | None]]:
+        """Commands the current run still has to apply: its own, and instance-scope
+        ones handed down from the runs it continues (contract §5)."""
+        chain = [current.id]
+        run = current
+        while run.continued_from_run_id is not None:
+            previous = tx.run(run.continued_from_run_id)
+            if previous is None:
+                break
+            chain.append(previous.id)
+            run = previous
+        return [
+            (command, update)
+            for command, update in tx.pending_commands(chain)
+            if command.run_id == current.id or command.target_scope == "instance"
+        ]
+
+    def apply_signal(
+        self, namespace: str, workflow_id: str, command_id: str, *, connection: object | None = None
+    ) -> Admission:
+        """Record that the engine delivered a received signal to its (current) run.
+
+        Applying it again is a retry and changes nothing; a signal that is not
+        pending in the current open run (rejected at closure, unknown) is
+        refused with :class:`RunStateError` or :class:`UnknownCommandError`.
+        """
+        _identifier(namespace, "namespace")
+        _identifier(workflow_id, "workflow_id")
+        _identifier(command_id, "command_id")
+        now = self._clock()
+        with self.store.locked(
+            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
+        ) as tx:
+            command = tx.get_command(command_id)
+            if command is None or command.command_type != "signal" or command.outcome in REFUSALS:
+                raise UnknownCommandError(
+                    f"workflow {workflow_id!r} has no admitted signal {command_id!r}", command_id=command_id
+                )
+            key = _literal_key(command.context)
+            verified = command.intent_digest is not None
+            if command.status == "applied":
+                return self._answer(
+                    Decision.RETAINED, namespace, workflow_id, command, None, key, intent_verified=verified
+                )
+            current = tx.current_run()
+            if (
+                current is None
+                or current.status != "open"
+                or all(c.id != command_id for c, _ in self._pending(tx, current))
+            ):
+                raise RunStateError(
+                    f"signal {command_id} is {command.status} and not pending in an open run",
+                    reason=f"signal_{command.status}",
+                    run_id=command.run_id,
+                )
+            applied = replace(command, status=SIGNAL_TRANSITIONS[(command.status, "apply")])
+            tx.save_command(applied)
+            self._event(
+                tx,
+                current.id,
+                "SignalApplied",
+                now,
+                {"command_sequence": command.command_sequence},
+                command_id=command.id,
+            )
+            return self._answer(
+                Decision.FRESH, namespace, workflow_id, applied, None, key, intent_verified=verified
+            )
 
     def _run_info(self, tx: LockedInstance, run: RunRow) -> RunInfo:
         return RunInfo(
@@ -592,6 +726,7 @@ class AdmissionService:
             command_sequence=row.command_sequence,
             received_at=row.created_at,
             target_scope="run" if row.target_scope == "run" else "instance",
+            signal_status=row.status if row.command_type == "signal" and not rejected else None,
             update_id=update.id if update else None,
             update_status=update.status if update else None,
             result=_result(update) if update is not None and update.status == "completed" else None,

@@ -23,12 +23,14 @@ from typing import Any, Final
 from sqlalchemy import (
     Engine,
     Select,
+    and_,
     bindparam,
     create_engine,
     event,
     func,
     insert,
     literal,
+    or_,
     select,
     tuple_,
     update,
@@ -277,6 +279,21 @@ _RECEIPTS = (
     )
     .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
 )
+_PENDING = (
+    select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+    .select_from(
+        workflow_commands.outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
+    )
+    .where(
+        workflow_commands.c.instance_id == _b("iid"),
+        workflow_commands.c.run_id.in_(_b("run_ids", expanding=True)),
+        or_(
+            and_(workflow_commands.c.command_type == "signal", workflow_commands.c.status == "received"),
+            workflow_updates.c.status == "accepted",
+        ),
+    )
+    .order_by(workflow_commands.c.command_sequence)
+)
 _COMMAND = select(workflow_commands).where(
     workflow_commands.c.id == _b("command_id"), workflow_commands.c.instance_id == _b("iid")
 )
@@ -420,6 +437,17 @@ class _SqlLocked:
         self._conn.execute(
             update(workflow_updates).where(workflow_updates.c.id == row.id).values(_fields(row))
         )
+
+    def save_command(self, row: CommandRow) -> None:
+        self._conn.execute(
+            update(workflow_commands).where(workflow_commands.c.id == row.id).values(_fields(row))
+        )
+
+    def pending_commands(self, run_ids: Sequence[str]) -> list[tuple[CommandRow, UpdateRow | None]]:
+        if not run_ids:
+            return []
+        rows = self._conn.execute(_PENDING, {"iid": self._instance.id, "run_ids": list(run_ids)}).mappings()
+        return [(_command(r), _optional_update(r)) for r in rows]
 
     def insert_run(self, row: RunRow) -> None:
         self._conn.execute(_INSERT_RUN, _fields(row))

@@ -172,6 +172,15 @@ class LockedInstance(Protocol):
         """Record an update's new status (always beside the event that says so)."""
         ...
 
+    def save_command(self, row: CommandRow) -> None:
+        """Record a command's new lifecycle status (always beside the event that says so)."""
+        ...
+
+    def pending_commands(self, run_ids: Sequence[str]) -> list[tuple[CommandRow, UpdateRow | None]]:
+        """Commands of these runs not yet applied (signals ``received``, updates
+        ``accepted``), each with its update, in command order."""
+        ...
+
     def insert_run(self, row: RunRow) -> None:
         """Insert a run."""
         ...
@@ -311,6 +320,22 @@ class _MemoryLocked:
 
     def save_update(self, row: UpdateRow) -> None:
         self._t.updates[row.id] = row
+
+    def save_command(self, row: CommandRow) -> None:
+        self._t.commands[row.id] = row
+
+    def pending_commands(self, run_ids: Sequence[str]) -> list[tuple[CommandRow, UpdateRow | None]]:
+        runs = set(run_ids)
+        found = []
+        for command in self._t.commands.values():
+            if command.instance_id != self._id or command.run_id not in runs:
+                continue
+            update = self.update_for_command(command.id) if command.command_type == "update" else None
+            if (update is None and command.status == "received") or (
+                update is not None and update.status == "accepted"
+            ):
+                found.append((command, update))
+        return sorted(found, key=lambda pair: pair[0].command_sequence)
 
     def insert_run(self, row: RunRow) -> None:
         self._t.runs[row.id] = row
