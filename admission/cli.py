@@ -303,6 +303,41 @@ def _cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_prune(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from admission.service import PruneReport
+
+    now = None
+    if args.now is not None:
+        try:
+            now = datetime.fromisoformat(args.now)
+        except ValueError:
+            raise _InputError("--now", "not an ISO 8601 date and time") from None
+        if now.tzinfo is None:
+            raise _InputError("--now", "give a time zone, e.g. 2026-11-29T12:00:00+00:00")
+
+    def show(report: PruneReport) -> None:
+        # Progress goes to stderr, so stdout stays one JSON document.
+        done = f"{report.done}/{report.chains}"
+        counts = report.counts
+        print(
+            f"\rpruning{' (dry run)' if report.dry_run else ''}: {done} targets, {counts.runs} runs, "
+            f"{counts.commands} commands, {counts.updates} updates, {counts.events} events",
+            end="" if sys.stderr.isatty() else "\n",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    report = _service(args).prune(
+        args.retention_days, now=now, batch_size=args.batch_size, dry_run=args.dry_run, progress=show
+    )
+    if sys.stderr.isatty() and report.chains:
+        print(file=sys.stderr)
+    _print_json(report.to_dict())
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from admission.demo import run_demo
 
@@ -403,6 +438,13 @@ def build_parser() -> argparse.ArgumentParser:
     history = commands.add_parser("history", help="print the event log of an instance")
     _instance_arguments(history)
     history.set_defaults(handler=_cmd_history)
+
+    prune = commands.add_parser("prune", help="remove receipts and history of runs closed long ago")
+    prune.add_argument("--retention-days", type=int, default=30, help="keep runs closed fewer days ago (30)")
+    prune.add_argument("--dry-run", action="store_true", help="count what would go; change nothing")
+    prune.add_argument("--batch-size", type=int, default=100, help="targets between progress reports (100)")
+    prune.add_argument("--now", help="prune as of this ISO 8601 time instead of the clock")
+    prune.set_defaults(handler=_cmd_prune)
 
     demo = commands.add_parser("demo", help="play a lost response, a retry, a conflict and a burst")
     demo.add_argument("--workers", type=int, default=8, help="concurrent callers in the burst (default 8)")

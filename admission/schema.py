@@ -164,6 +164,8 @@ workflow_history_events = Table(
     Column("recorded_at", _Time, nullable=False),
     Index(None, "instance_id", "position"),
     Index(None, "tx_id", "position"),
+    # Positions are never reused, even after pruning the newest events.
+    sqlite_autoincrement=True,
 )
 """The append-only event log: every admission, refusal and transition."""
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from admission.encoding import (
@@ -52,10 +52,21 @@ from admission.outcomes import (
     judge_target,
     select_receipt,
 )
-from admission.store import CommandRow, EventRow, LockedInstance, RunRow, Store, UpdateRow
+from admission.store import (
+    CommandRow,
+    EventRow,
+    LockedInstance,
+    PruneCounts,
+    PruneTarget,
+    RunRow,
+    Store,
+    UpdateRow,
+)
 
-__all__ = ["AdmissionService", "HistoryEvent", "RunInfo", "utc_now"]
+__all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "HistoryEvent", "PruneReport", "RunInfo", "utc_now"]
 
+DEFAULT_RETENTION_DAYS: Final = 30
+"""Receipts live as long as their run's history: 30 days after closure by default (contract §5)."""
 REFUSALS: Final = ("run_not_active", "rejected_not_current")
 CLOSED_STATUSES: Final = ("completed", "failed", "cancelled", "terminated", "continued")
 MAX_IDENTIFIER_LENGTH: Final = 255
@@ -95,6 +106,40 @@ class RunInfo:
             "started_at": self.started_at.isoformat(),
             "closed_at": self.closed_at.isoformat() if self.closed_at else None,
             "continued_from_run_id": self.continued_from_run_id,
+        }
+
+
+class _DryRun(Exception):
+    """Raised inside a dry-run pruning transaction so that it rolls back."""
+
+    def __init__(self, counts: PruneCounts) -> None:
+        super().__init__("dry run")
+        self.counts = counts
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What :meth:`AdmissionService.prune` did (or, in a dry run, would do)."""
+
+    before: datetime
+    retention_days: int
+    dry_run: bool
+    chains: int
+    done: int
+    counts: PruneCounts
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON form."""
+        return {
+            "before": self.before.isoformat(),
+            "retention_days": self.retention_days,
+            "dry_run": self.dry_run,
+            "targets": self.chains,
+            "done": self.done,
+            "runs": self.counts.runs,
+            "commands": self.counts.commands,
+            "updates": self.counts.updates,
+            "events": self.counts.events,
         }
 
 
@@ -845,6 +890,96 @@ class AdmissionService:
         if row is None:  # pragma: no cover - the foreign key guarantees it
             raise AdmissionError(f"command {command_id} is missing")
         return row
+
+    # -- retention ----------------------------------------------------------------------
+
+    def prune(
+        self,
+        retention_days: int = DEFAULT_RETENTION_DAYS,
+        *,
+        now: datetime | None = None,
+        batch_size: int = 100,
+        dry_run: bool = False,
+        progress: Callable[[PruneReport], None] | None = None,
+    ) -> PruneReport:
+        """Remove the history and receipts of runs closed more than ``retention_days`` ago.
+
+        A chain of runs linked by continue-as-new goes as a whole, once its
+        last run closed before the cutoff (a command handed to a successor
+        lives with it); refusals recorded while an instance had no run go
+        once they are older than the cutoff.  Each chain is pruned in its own
+        transaction under its instance's lock and recorded as a
+        ``RunsPruned`` event; afterwards its keys are free (contract §5).
+        ``progress`` is called after every ``batch_size`` chains.  With
+        ``dry_run`` every deletion is made and rolled back, so the counts are
+        exact and nothing changes.
+        """
+        if type(retention_days) is not int or retention_days < 0:
+            raise InvalidValueError("must be an int >= 0", field="retention_days", path="")
+        if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
+            raise InvalidValueError("must be an int from 1 to 100000", field="batch_size", path="")
+        now = self._clock() if now is None else now
+        before = now - timedelta(days=retention_days)
+        targets = self.store.prune_targets(before)
+        report = PruneReport(before, retention_days, dry_run, len(targets), 0, PruneCounts())
+        for start in range(0, len(targets), batch_size):
+            for target in targets[start : start + batch_size]:
+                report = replace(
+                    report,
+                    done=report.done + 1,
+                    counts=report.counts + self._prune(target, before, now, dry_run),
+                )
+            if progress is not None:
+                progress(report)
+        return report
+
+    def _prune(self, target: PruneTarget, before: datetime, now: datetime, dry_run: bool) -> PruneCounts:
+        try:
+            with self.store.locked(
+                target.namespace, target.workflow_id, created_at=now, new_id=self._new_id()
+            ) as tx:
+                chain = self._expired_chain(tx, target.run_id, before)
+                if target.run_id is not None and not chain:
+                    return PruneCounts()  # pruned meanwhile, or no longer expired
+                counts = tx.delete_runs(chain) if chain else tx.delete_runless_refusals(before)
+                if counts != PruneCounts():
+                    self._event(
+                        tx,
+                        None,
+                        "RunsPruned",
+                        now,
+                        {
+                            "run_ids": list(chain),
+                            "runs": counts.runs,
+                            "commands": counts.commands,
+                            "updates": counts.updates,
+                            "events": counts.events,
+                            "before": before.isoformat(),
+                        },
+                    )
+                if dry_run:
+                    raise _DryRun(counts)
+                return counts
+        except _DryRun as rolled_back:
+            return rolled_back.counts
+
+    @staticmethod
+    def _expired_chain(tx: LockedInstance, end: str | None, before: datetime) -> list[str]:
+        # Decided again under the lock: the reading that found the target took none.
+        run = None if end is None else tx.run(end)
+        if (
+            run is None
+            or run.status in ("open", "continued")
+            or run.closed_at is None
+            or run.closed_at >= before
+        ):
+            return []
+        chain = [run.id]
+        while (
+            run.continued_from_run_id is not None and (run := tx.run(run.continued_from_run_id)) is not None
+        ):
+            chain.append(run.id)
+        return chain
 
     # -- reading ------------------------------------------------------------------------
 

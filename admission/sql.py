@@ -26,6 +26,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     create_engine,
+    delete,
     event,
     func,
     insert,
@@ -54,6 +55,8 @@ from admission.store import (
     EventRow,
     InstanceRow,
     LockedInstance,
+    PruneCounts,
+    PruneTarget,
     RunRow,
     UpdateRow,
 )
@@ -472,6 +475,51 @@ class _SqlLocked:
         )
         self._current = None if run_id is None else self.run(run_id)
 
+    def delete_runs(self, run_ids: Sequence[str]) -> PruneCounts:
+        if not run_ids:
+            return PruneCounts()
+        runs = list(run_ids)
+        iid = self._instance.id
+        events = self._conn.execute(
+            delete(workflow_history_events).where(
+                workflow_history_events.c.instance_id == iid, workflow_history_events.c.run_id.in_(runs)
+            )
+        ).rowcount
+        updates = self._conn.execute(
+            delete(workflow_updates).where(
+                workflow_updates.c.instance_id == iid, workflow_updates.c.run_id.in_(runs)
+            )
+        ).rowcount
+        commands = self._conn.execute(
+            delete(workflow_commands).where(
+                workflow_commands.c.instance_id == iid, workflow_commands.c.run_id.in_(runs)
+            )
+        ).rowcount
+        if self._instance.current_run_id in runs:
+            self.set_current_run(None)
+        removed = self._conn.execute(
+            delete(workflow_runs).where(workflow_runs.c.instance_id == iid, workflow_runs.c.id.in_(runs))
+        ).rowcount
+        return PruneCounts(removed, commands, updates, events)
+
+    def delete_runless_refusals(self, before: datetime) -> PruneCounts:
+        stale = select(workflow_commands.c.id).where(
+            workflow_commands.c.instance_id == self._instance.id,
+            workflow_commands.c.run_id.is_(None),
+            workflow_commands.c.created_at < before,
+        )
+        events = self._conn.execute(
+            delete(workflow_history_events).where(
+                workflow_history_events.c.instance_id == self._instance.id,
+                workflow_history_events.c.run_id.is_(None),
+                workflow_history_events.c.command_id.in_(stale),
+            )
+        ).rowcount
+        commands = self._conn.execute(
+            delete(workflow_commands).where(workflow_commands.c.id.in_(stale.scalar_subquery()))
+        ).rowcount
+        return PruneCounts(0, commands, 0, events)
+
     def append_event(self, event_row: EventRow) -> EventRow:
         values = _fields(event_row)
         del values["position"], values["tx_id"]
@@ -678,6 +726,30 @@ class SqlStore:
                 .all()
             )
         return [_event(r) for r in rows]
+
+    def prune_targets(self, before: datetime) -> list[PruneTarget]:
+        """Chain ends closed before ``before``, then instances with older run-less refusals."""
+        runs = (
+            select(workflow_instances.c.namespace, workflow_instances.c.workflow_id, workflow_runs.c.id)
+            .join(workflow_instances, workflow_instances.c.id == workflow_runs.c.instance_id)
+            .where(workflow_runs.c.status.not_in(["open", "continued"]), workflow_runs.c.closed_at < before)
+            .order_by(workflow_runs.c.closed_at, workflow_runs.c.id)
+        )
+        runless = (
+            select(workflow_instances.c.namespace, workflow_instances.c.workflow_id)
+            .where(
+                workflow_instances.c.id.in_(
+                    select(workflow_commands.c.instance_id).where(
+                        workflow_commands.c.run_id.is_(None), workflow_commands.c.created_at < before
+                    )
+                )
+            )
+            .order_by(workflow_instances.c.id)
+        )
+        with self._read() as conn:
+            ends = [PruneTarget(ns, wf, run_id) for ns, wf, run_id in conn.execute(runs)]
+            stale = [PruneTarget(ns, wf, None) for ns, wf in conn.execute(runless)]
+        return ends + stale
 
     def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
         """Events after ``after`` that are safe to read now, in (tx_id, position) order.

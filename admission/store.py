@@ -13,7 +13,7 @@ Pure: no SQLAlchemy, no clock (times are passed in).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -26,6 +26,8 @@ __all__ = [
     "InstanceRow",
     "LockedInstance",
     "MemoryStore",
+    "PruneCounts",
+    "PruneTarget",
     "RunRow",
     "Store",
     "UpdateRow",
@@ -110,6 +112,35 @@ class EventRow:
     recorded_at: datetime
     position: int = 0
     tx_id: int = 0
+
+
+@dataclass(frozen=True)
+class PruneTarget:
+    """Rows due for pruning in one instance: the chain of runs ending in
+    ``run_id`` (which closed before the cutoff), or, with ``run_id`` ``None``,
+    refusals recorded while the instance had no run."""
+
+    namespace: str
+    workflow_id: str
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class PruneCounts:
+    """What one pruning removed (or, in a dry run, would remove)."""
+
+    runs: int = 0
+    commands: int = 0
+    updates: int = 0
+    events: int = 0
+
+    def __add__(self, other: PruneCounts) -> PruneCounts:
+        return PruneCounts(
+            self.runs + other.runs,
+            self.commands + other.commands,
+            self.updates + other.updates,
+            self.events + other.events,
+        )
 
 
 @dataclass(frozen=True, order=True)
@@ -197,6 +228,14 @@ class LockedInstance(Protocol):
         """Append an event; returns it with its position."""
         ...
 
+    def delete_runs(self, run_ids: Sequence[str]) -> PruneCounts:
+        """Delete these runs with their commands, updates and events (retention)."""
+        ...
+
+    def delete_runless_refusals(self, before: datetime) -> PruneCounts:
+        """Delete refusals recorded without a run before ``before``, with their events."""
+        ...
+
 
 class Store(Protocol):
     """The storage port of the admission service."""
@@ -237,6 +276,11 @@ class Store(Protocol):
         """Events after ``after`` that are safe to read now, in cursor order."""
         ...
 
+    def prune_targets(self, before: datetime) -> list[PruneTarget]:
+        """Every chain of runs whose last run closed before ``before``, and every
+        instance with run-less refusals older than that (contract §5)."""
+        ...
+
 
 # --------------------------------------------------------------------------
 # The in-memory reference store.
@@ -251,6 +295,7 @@ class _Tables:
     request_index: dict[tuple[str, str, str], str]
     updates: dict[str, UpdateRow]
     events: list[EventRow]
+    last_position: int = 0
 
     def copy(self) -> _Tables:
         return _Tables(
@@ -261,6 +306,7 @@ class _Tables:
             dict(self.request_index),
             dict(self.updates),
             list(self.events),
+            self.last_position,
         )
 
 
@@ -347,9 +393,42 @@ class _MemoryLocked:
         self._t.instances[self._id] = replace(self.instance, current_run_id=run_id)
 
     def append_event(self, event: EventRow) -> EventRow:
-        stored = replace(event, position=len(self._t.events) + 1, tx_id=0)
+        self._t.last_position += 1
+        stored = replace(event, position=self._t.last_position, tx_id=0)
         self._t.events.append(stored)
         return stored
+
+    def delete_runs(self, run_ids: Sequence[str]) -> PruneCounts:
+        runs = set(run_ids) & {r.id for r in self._t.runs.values() if r.instance_id == self._id}
+        commands = {c.id for c in self._t.commands.values() if c.instance_id == self._id and c.run_id in runs}
+        updates = {u.id for u in self._t.updates.values() if u.instance_id == self._id and u.run_id in runs}
+        return self._delete(runs, commands, updates, lambda e: e.run_id in runs)
+
+    def delete_runless_refusals(self, before: datetime) -> PruneCounts:
+        commands = {
+            c.id
+            for c in self._t.commands.values()
+            if c.instance_id == self._id and c.run_id is None and c.created_at < before
+        }
+        return self._delete(set(), commands, set(), lambda e: e.run_id is None and e.command_id in commands)
+
+    def _delete(
+        self, runs: set[str], commands: set[str], updates: set[str], event_matches: Callable[[EventRow], bool]
+    ) -> PruneCounts:
+        kept = [e for e in self._t.events if not (e.instance_id == self._id and event_matches(e))]
+        events = len(self._t.events) - len(kept)
+        self._t.events = kept
+        for update_id in updates:
+            del self._t.updates[update_id]
+        for command_id in commands:
+            row = self._t.commands.pop(command_id)
+            if row.request_id is not None:
+                self._t.request_index.pop((row.instance_id, row.command_type, row.request_id), None)
+        for run_id in runs:
+            del self._t.runs[run_id]
+        if self.instance.current_run_id in runs:
+            self.set_current_run(None)
+        return PruneCounts(len(runs), len(commands), len(updates), events)
 
 
 class MemoryStore:
@@ -418,3 +497,33 @@ class MemoryStore:
         """Events after ``after``, in log order (one writer at a time: nothing can commit behind)."""
         with self._lock:
             return [e for e in self._tables.events if EventCursor(e.tx_id, e.position) > after][:limit]
+
+    def prune_targets(self, before: datetime) -> list[PruneTarget]:
+        """Chains whose last run closed before ``before``, and instances with old run-less refusals."""
+        with self._lock:
+            return expired_targets(
+                self._tables.instances.values(),
+                self._tables.runs.values(),
+                [c for c in self._tables.commands.values() if c.run_id is None],
+                before,
+            )
+
+
+def expired_targets(
+    instances: Iterable[InstanceRow], runs: Iterable[RunRow], runless: Iterable[CommandRow], before: datetime
+) -> list[PruneTarget]:
+    """The retention rule (contract §5), as the reference for every store.
+
+    A run's receipts live as long as its history, and a command handed to a
+    continue-as-new successor lives with the successor: so a chain of runs
+    (linked by ``continued_from_run_id``) is pruned as a whole, once its last
+    run — one closed other than by continuing — closed before ``before``.
+    """
+    names = {i.id: (i.namespace, i.workflow_id) for i in instances}
+    ends = sorted(
+        (r for r in runs if r.status not in ("open", "continued") and r.closed_at and r.closed_at < before),
+        key=lambda r: (r.closed_at, r.id),
+    )
+    targets = [PruneTarget(*names[r.instance_id], r.id) for r in ends]
+    stale = sorted({c.instance_id for c in runless if c.created_at < before})
+    return targets + [PruneTarget(*names[i], None) for i in stale]

@@ -131,6 +131,9 @@ def upgrade() -> None:
             ["workflow_instances.id"],
             name="fk_workflow_history_events_instance_id_workflow_instances",
         ),
+        # Positions are never reused, even after pruning the newest events:
+        # a reader's cursor must not be passed by a recycled position.
+        sqlite_autoincrement=True,
     )
     op.create_index(
         "ix_workflow_history_events_instance_id_position",
