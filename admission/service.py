@@ -865,9 +865,13 @@ class AdmissionService:
                 payload["result"] = result
             if failure is not None:
                 payload["failure"] = failure
+            # A pending update belongs to the open run (closing a run fails
+            # the ones it does not hand on), which may be a successor of the
+            # run it was admitted in: the event goes to the run it finished in.
+            current = tx.current_run()
             self._event(
                 tx,
-                update.run_id,
+                current.id if current is not None else update.run_id,
                 "UpdateCompleted" if status == "completed" else "UpdateFailed",
                 now,
                 payload,

@@ -94,6 +94,8 @@ def test_continue_as_new_hands_instance_commands_to_the_successor_in_order(servi
     service.apply_signal(NS, WF, s1.command_id)  # type: ignore[arg-type]
     done = service.complete_update(NS, WF, u1.update_id, "ok")  # type: ignore[arg-type]
     assert done.http_status == 200
+    finished = [e for e in service.history(NS, WF) if e.event_type in ("SignalApplied", "UpdateCompleted")]
+    assert {e.run_id for e in finished} == {successor.run_id}
     again = service.admit_update(NS, WF, "u", [1], request_id="u1")
     assert (again.retained, again.http_status, again.result, again.run_id) == (True, 200, "ok", first.run_id)
     signal = service.admit_signal(NS, WF, "s", [1], request_id="s1")
