@@ -53,3 +53,14 @@ def store(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path:
         yield MemoryStore()
         return
     yield from open_store(database_url(str(request.param), postgres_pool, tmp_path))
+
+
+SUMMARY_LINES: list[str] = []
+"""Lines a test module wants in the run's summary (for example, how many
+state-machine steps ran per backend), so CI logs keep them."""
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print the lines tests left in ``SUMMARY_LINES``."""
+    for line in SUMMARY_LINES:
+        terminalreporter.write_line(line)

@@ -32,7 +32,6 @@ import inspect
 import itertools
 import json
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -57,6 +56,7 @@ from admission.errors import RunStateError, UnknownCommandError, UnknownUpdateEr
 from admission.outcomes import Admission, Decision
 from admission.service import AdmissionService, HistoryEvent, RunInfo
 from admission.store import MemoryStore, Store
+from tests.conftest import SUMMARY_LINES
 
 # Pruning is being added in parallel: the rule joins the machine once it exists.
 HAS_PRUNE = hasattr(AdmissionService, "prune")
@@ -1060,7 +1060,7 @@ def test_admission_and_lifecycle_follow_the_contract(
 
 @pytest.fixture(scope="module", autouse=True)
 def report_steps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Print and save the steps each backend executed (past pytest's capture, for CI logs)."""
+    """Save the steps each backend executed, and leave them for the run's summary (CI logs keep it)."""
     yield
     if not STEPS:
         return
@@ -1085,7 +1085,7 @@ def report_steps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         ),
         encoding="utf-8",
     )
-    print(f"\n{line}\n(details: {path})", file=sys.__stderr__)
+    SUMMARY_LINES.append(f"{line} (details: {path})")
 
 
 # -- namespace isolation, spelled out ----------------------------------------------------------
