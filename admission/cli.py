@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from admission import __version__
+from admission.codecs import parse_json_value
 from admission.encoding import (
     INTENT_VERSION,
     arguments_digest,
@@ -76,29 +77,6 @@ class _InputError(Exception):
 
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
-
-
-def parse_json_value(text: str, field: str = "--args") -> object:
-    """Parse JSON so that the typed value survives exactly.
-
-    ``1`` stays an int and ``1.0`` a float, ``-0.0`` keeps its sign, and
-    ``NaN`` / ``Infinity`` / ``-Infinity`` are accepted as floats.  Duplicate
-    object keys are refused (a JSON parser would keep the last one silently,
-    and the digest would cover a value the caller may not have meant).
-    """
-
-    def refuse_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
-        result: dict[str, object] = {}
-        for key, value in pairs:
-            if key in result:
-                raise _InputError(field, f"duplicate object key {key!r}")
-            result[key] = value
-        return result
-
-    try:
-        return json.loads(text, object_pairs_hook=refuse_duplicates)
-    except json.JSONDecodeError as exc:
-        raise _InputError(field, f"not valid JSON ({exc.msg} at char {exc.pos})") from None
 
 
 def _typed_input(json_text: str | None, cbor_hex: str | None, field: str, default: object) -> object:
