@@ -1,0 +1,517 @@
+"""The HTTP adapter: an ASGI app (FastAPI) over an :class:`AdmissionService`.
+
+An engine mounts the app from :func:`create_app` in its own ASGI app, or runs
+it alone with ``admission serve``.  Routes, bodies and statuses follow the
+wire contract (``docs/http.md``; contract §2, §4, §7):
+
+- ``POST /api/workflows/{workflow_id}/signal/{name}`` and the run-pinned
+  ``.../runs/{run_id}/signal/{name}``;
+- ``POST /api/workflows/{workflow_id}/update/{name}`` and
+  ``.../runs/{run_id}/update/{name}``, with an optional wait for completion;
+- ``GET /api/workflows/{workflow_id}/receipts/{command_type}?request_id=KEY``.
+
+The namespace comes from the ``X-Namespace`` header (default ``default``).
+``X-Request-Id`` is echoed back as correlation only and never becomes a
+command key (contract §2.7): the key travels in the body's ``request_id``.
+
+An admission answer is ``Admission.to_dict()`` with its own status; every
+4xx/5xx body is a JSON object with at least ``reason`` and ``message``.  Bad
+input is refused before the service is called, or by the service before it
+opens a transaction, so a 422 never writes.
+
+The service is synchronous; it runs in the threadpool.  Waiting for an update
+to complete polls the receipt between short sleeps on the event loop, never
+holding a transaction or a thread while it waits.
+
+Requires the ``http`` extra (FastAPI, uvicorn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import Annotated, Any, Final, Literal
+
+import anyio
+from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from admission import __version__
+from admission.codecs import Codec, decode_envelope, default_codecs
+from admission.encoding import Value
+from admission.errors import (
+    AdmissionError,
+    InvalidCommandTypeError,
+    InvalidRequestIdError,
+    InvalidValueError,
+    ReservedRequestIdError,
+    StorageError,
+)
+from admission.keys import normalize_request_id
+from admission.outcomes import Admission, Decision
+from admission.service import AdmissionService
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "MAX_WAIT_SECONDS",
+    "NAMESPACE_HEADER",
+    "REQUEST_ID_HEADER",
+    "AdmissionAnswer",
+    "Envelope",
+    "ErrorBody",
+    "SignalRequest",
+    "UpdateRequest",
+    "create_app",
+]
+
+NAMESPACE_HEADER: Final = "X-Namespace"
+"""The header that names the namespace (the isolation boundary, contract §2.6)."""
+DEFAULT_NAMESPACE: Final = "default"
+"""The namespace of a request without :data:`NAMESPACE_HEADER`."""
+REQUEST_ID_HEADER: Final = "X-Request-Id"
+"""The correlation header: echoed unchanged, never a command key (contract §2.7)."""
+MAX_WAIT_SECONDS: Final = 60.0
+"""The longest ``wait_timeout_seconds`` an update may ask for."""
+DEFAULT_WAIT_SECONDS: Final = 10.0
+"""How long an update with ``wait_for: "completed"`` waits unless it says otherwise."""
+
+
+# -- bodies --------------------------------------------------------------------------------
+
+
+class Envelope(BaseModel):
+    """A codec envelope: the codec's name and the blob it decodes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    codec: str = Field(description="The codec's name: `json`, `cbor`, or one the server adds (`aes-gcm`).")
+    blob: str = Field(description="The codec's text form of the arguments (a list or an object).")
+
+
+class SignalRequest(BaseModel):
+    """The body of a signal."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    request_id: str | None = Field(
+        default=None,
+        description="The command key. Surrounding whitespace is stripped; blank means no key (contract §2).",
+    )
+    input: Envelope | None = Field(default=None, description="The arguments; absent means `[]`.")
+
+
+class UpdateRequest(SignalRequest):
+    """The body of an update: a signal's, plus the optional wait for completion."""
+
+    wait_for: Literal["accepted", "completed"] = Field(
+        default="accepted",
+        description="`completed` waits (up to `wait_timeout_seconds`) until the update completes or fails.",
+    )
+    wait_timeout_seconds: float = Field(
+        default=DEFAULT_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False
+    )
+
+
+class ErrorBody(BaseModel):
+    """The shape of every 4xx/5xx body: at least ``reason`` and ``message``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    reason: str
+    message: str
+
+
+class AdmissionAnswer(BaseModel):
+    """An admission answer: ``Admission.to_dict()`` (contract §4)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    outcome: str
+    http_status: int
+    namespace: str
+    workflow_id: str
+    command_type: Literal["signal", "update"]
+    request_id: str | None
+    retained: bool
+    intent_verified: bool
+
+
+_ERRORS: Final[dict[int | str, dict[str, Any]]] = {
+    409: {"model": ErrorBody, "description": "Conflict, ambiguity, or refused by run state (contract §4)."},
+    422: {"model": ErrorBody, "description": "Invalid key or input (nothing written), or a failed update."},
+    503: {"model": ErrorBody, "description": "Storage unavailable; retryable."},
+}
+_ADMIT_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    200: {"model": AdmissionAnswer, "description": "A completed update."},
+    202: {"model": AdmissionAnswer, "description": "Received (signal) or accepted (update)."},
+    **_ERRORS,
+}
+_RECEIPT_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
+    **_ADMIT_RESPONSES,
+    404: {"model": ErrorBody, "description": "No receipt for this key."},
+}
+
+
+# -- answers -------------------------------------------------------------------------------
+
+
+def _message(answer: Admission, body: Mapping[str, object]) -> str:
+    # A short human sentence for refusals; the fields carry the data.
+    key = answer.request_id
+    if answer.decision is Decision.CONFLICT:
+        parts = ", ".join(answer.conflict) or "intent"
+        return (
+            f"request_id {key!r} already names another {answer.retained_command_type} "
+            f"(differs in: {parts}); nothing was recorded"
+        )
+    if answer.decision is Decision.AMBIGUOUS:
+        return (
+            f"request_id {key!r} cannot be proven to name one receipt; nothing was recorded, "
+            "and retrying unchanged fails the same way"
+        )
+    if answer.outcome == "rejected_not_current":
+        return (
+            f"run {answer.requested_run_id!r} is not the current run "
+            f"(current: {answer.resolved_run_id!r}); the command was refused"
+        )
+    if answer.outcome == "run_not_active":
+        return "the workflow instance has no open run; the command was refused"
+    if answer.outcome == "failed":
+        return f"the update failed: {body.get('failure')}"
+    return str(answer.outcome)
+
+
+def _respond(answer: Admission) -> JSONResponse:
+    body = answer.to_dict()
+    status = answer.http_status
+    if status >= 400:
+        # Every 4xx carries reason and message; to_dict() already has a reason
+        # for every refusal except a failed update.
+        body.setdefault("reason", "update_failed" if answer.outcome == "failed" else answer.outcome)
+        body.setdefault("message", _message(answer, body))
+    return JSONResponse(body, status_code=status)
+
+
+def _json_safe(value: object) -> object:
+    # Only what strict JSON in UTF-8 can carry goes back into an error body.
+    try:
+        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError):
+        return None
+    return value
+
+
+def _error(status: int, reason: str, message: str, **extra: object) -> JSONResponse:
+    body: dict[str, object] = {"reason": reason, "message": message}
+    for name, value in extra.items():
+        safe = _json_safe(value)
+        if safe is not None:
+            body[name] = safe
+    if status >= 500:
+        body.setdefault("retryable", status == 503)
+    return JSONResponse(body, status_code=status)
+
+
+def _field_of(loc: tuple[int | str, ...]) -> str:
+    # ("body", "input", "blob") -> "input.blob"; ("path", "workflow_id") -> "workflow_id";
+    # ("body",) -> "body"; the header's alias as sent.
+    if not loc:
+        return "body"
+    rest = [str(part) for part in loc[1:]]
+    if not rest:
+        return str(loc[0])
+    return ".".join(rest)
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    details = [
+        {
+            # A JSON syntax error's location is a character offset, not a field.
+            "field": "body" if e.get("type") == "json_invalid" else _field_of(tuple(e.get("loc", ()))),
+            "message": str(e.get("msg", "")),
+            "type": e.get("type"),
+        }
+        for e in errors
+    ]
+    first = details[0] if details else {"field": "body", "message": "invalid request"}
+    field = str(first["field"])
+    reason = "request_id_invalid" if field == "request_id" else "input_invalid"
+    return _error(422, reason, f"{field}: {first['message']}", field=field, errors=details)
+
+
+# -- the app -------------------------------------------------------------------------------
+
+
+class _EchoRequestId:
+    """ASGI middleware: copy ``X-Request-Id`` from the request to the response, unchanged."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = REQUEST_ID_HEADER.lower().encode("latin-1")
+        echoed = [value for name, value in scope.get("headers", ()) if name == header][:1]
+
+        async def send_echoing(message: MutableMapping[str, Any]) -> None:
+            if echoed and message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", ()) if h[0].lower() != header]
+                message["headers"] = [*headers, (header, echoed[0])]
+            await send(message)
+
+        await self.app(scope, receive, send_echoing)
+
+
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise InvalidValueError(f"duplicate object key {key!r}", field="body", path="")
+        result[key] = value
+    return result
+
+
+def _refuse_constant(name: str) -> float:
+    raise InvalidValueError(f"{name} is not JSON", field="body", path="")
+
+
+async def _strict_body(request: Request) -> None:
+    # The framework's JSON parser keeps the last of duplicate keys and accepts
+    # NaN; a body whose meaning depends on that is refused instead.
+    raw = await request.body()
+    if raw.strip():
+        try:
+            json.loads(raw, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, InvalidValueError):
+                raise
+            # Malformed JSON is reported by the framework's own parse.
+
+
+# Parameter types, at module level so the framework can resolve them.
+_Namespace = Annotated[str, Header(alias=NAMESPACE_HEADER, description="The namespace (isolation boundary).")]
+_WorkflowId = Annotated[str, Path(description="The workflow instance.")]
+_RunId = Annotated[str, Path(description="The selected run (run scope).")]
+_Name = Annotated[str, Path(description="The signal's or update's name.")]
+_CommandType = Annotated[Literal["signal", "update"], Path(description="`signal` or `update`.")]
+_Key = Annotated[str, Query(description="The command key (stripped like the body's).")]
+_SignalBody = Annotated[SignalRequest | None, Body()]
+_UpdateBody = Annotated[UpdateRequest | None, Body()]
+
+
+def create_app(
+    service: AdmissionService,
+    *,
+    codecs: Mapping[str, Codec] | None = None,
+    poll_interval_seconds: float = 0.02,
+    clock: Callable[[], float] = time.monotonic,
+    title: str = "admission",
+) -> FastAPI:
+    """The ASGI app over ``service``.
+
+    ``codecs`` maps codec names to the codecs this server accepts (default
+    ``json`` and ``cbor``; add an :class:`~admission.codecs.AesGcmCodec` with
+    the application's key to accept encrypted input).  An update waiting for
+    completion re-reads its receipt every ``poll_interval_seconds`` of
+    ``clock`` (a monotonic clock, a parameter so tests control it).
+    """
+    if not (math.isfinite(poll_interval_seconds) and poll_interval_seconds > 0):
+        raise ValueError("poll_interval_seconds must be a positive number")
+    registry: Mapping[str, Codec] = default_codecs() if codecs is None else codecs
+    app = FastAPI(
+        title=title,
+        version=__version__,
+        description="Safe retries of signals and updates: command keys, intent digests, retained receipts.",
+    )
+    app.add_middleware(_EchoRequestId)
+
+    def arguments(body: SignalRequest | None) -> Value:
+        if body is None or body.input is None:
+            return []
+        return decode_envelope(registry, body.input.model_dump())
+
+    async def admit(
+        command_type: Literal["signal", "update"],
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        run_id: str | None,
+        body: SignalRequest | None,
+    ) -> JSONResponse:
+        # Decoding and key normalisation happen before the service is called;
+        # the service validates the rest before it opens a transaction.
+        key = normalize_request_id(None if body is None else body.request_id)
+        values = arguments(body)
+        call = service.admit_signal if command_type == "signal" else service.admit_update
+        answer: Admission = await run_in_threadpool(
+            lambda: call(namespace, workflow_id, name, values, request_id=key, run_id=run_id)
+        )
+        if (
+            isinstance(body, UpdateRequest)
+            and body.wait_for == "completed"
+            and key is not None
+            and answer.outcome == "accepted"
+        ):
+            answer = await wait_for_completion(answer, key, body.wait_timeout_seconds)
+        return _respond(answer)
+
+    async def wait_for_completion(answer: Admission, key: str, timeout: float) -> Admission:
+        deadline = clock() + timeout
+        while clock() < deadline:
+            await anyio.sleep(min(poll_interval_seconds, max(0.0, deadline - clock())))
+            now = await run_in_threadpool(
+                service.receipt, answer.namespace, answer.workflow_id, "update", key
+            )
+            if now is not None and now.command_id == answer.command_id and now.outcome != "accepted":
+                # The admission's own answer (fresh stays fresh), with the state it reached.
+                return dataclasses.replace(
+                    answer,
+                    outcome=now.outcome,
+                    update_status=now.update_status,
+                    result=now.result,
+                    failure=now.failure,
+                )
+        return answer
+
+    strict = [Depends(_strict_body)]
+
+    @app.post(
+        "/api/workflows/{workflow_id}/signal/{name}",
+        status_code=202,
+        responses=_ADMIT_RESPONSES,
+        dependencies=strict,
+        summary="Signal a workflow instance",
+    )
+    async def signal_instance(
+        workflow_id: _WorkflowId,
+        name: _Name,
+        body: _SignalBody = None,
+        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+    ) -> JSONResponse:
+        return await admit("signal", x_namespace, workflow_id, name, None, body)
+
+    @app.post(
+        "/api/workflows/{workflow_id}/runs/{run_id}/signal/{name}",
+        status_code=202,
+        responses=_ADMIT_RESPONSES,
+        dependencies=strict,
+        summary="Signal a selected run",
+    )
+    async def signal_run(
+        workflow_id: _WorkflowId,
+        run_id: _RunId,
+        name: _Name,
+        body: _SignalBody = None,
+        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+    ) -> JSONResponse:
+        return await admit("signal", x_namespace, workflow_id, name, run_id, body)
+
+    @app.post(
+        "/api/workflows/{workflow_id}/update/{name}",
+        status_code=202,
+        responses=_ADMIT_RESPONSES,
+        dependencies=strict,
+        summary="Send an update to a workflow instance",
+    )
+    async def update_instance(
+        workflow_id: _WorkflowId,
+        name: _Name,
+        body: _UpdateBody = None,
+        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+    ) -> JSONResponse:
+        return await admit("update", x_namespace, workflow_id, name, None, body)
+
+    @app.post(
+        "/api/workflows/{workflow_id}/runs/{run_id}/update/{name}",
+        status_code=202,
+        responses=_ADMIT_RESPONSES,
+        dependencies=strict,
+        summary="Send an update to a selected run",
+    )
+    async def update_run(
+        workflow_id: _WorkflowId,
+        run_id: _RunId,
+        name: _Name,
+        body: _UpdateBody = None,
+        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+    ) -> JSONResponse:
+        return await admit("update", x_namespace, workflow_id, name, run_id, body)
+
+    @app.get(
+        "/api/workflows/{workflow_id}/receipts/{command_type}",
+        responses=_RECEIPT_RESPONSES,
+        summary="Read the receipt a key names",
+    )
+    async def read_receipt(
+        workflow_id: _WorkflowId,
+        command_type: _CommandType,
+        request_id: _Key,
+        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+    ) -> JSONResponse:
+        key = normalize_request_id(request_id)
+        if key is None:
+            raise InvalidRequestIdError("must not be blank", request_id=request_id)
+        answer = await run_in_threadpool(service.receipt, x_namespace, workflow_id, command_type, key)
+        if answer is None:
+            return _error(
+                404,
+                "receipt_not_found",
+                f"no {command_type} receipt for request_id {key!r}",
+                request_id=key,
+                command_type=command_type,
+            )
+        return _respond(answer)
+
+    _install_error_handlers(app)
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_validation(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return _validation_error(exc)
+
+    async def on_http(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        reasons = {404: "not_found", 405: "method_not_allowed"}
+        reason = reasons.get(exc.status_code, "http_error")
+        response = _error(exc.status_code, reason, str(exc.detail))
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    async def on_admission_error(_request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, AdmissionError)
+        if isinstance(exc, (InvalidRequestIdError, ReservedRequestIdError)):
+            return _error(422, exc.code, exc.message, field="request_id", request_id=exc.request_id)
+        if isinstance(exc, InvalidValueError):
+            return _error(422, "input_invalid", exc.message, field=exc.field)
+        if isinstance(exc, InvalidCommandTypeError):
+            return _error(422, "input_invalid", exc.message, field="command_type")
+        if isinstance(exc, StorageError):
+            # Retryable: nothing was committed, or the retry finds the receipt.
+            return _error(503, "storage_unavailable", exc.message)
+        return _error(500, exc.code, exc.message)
+
+    async def on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        return _error(500, "internal_error", f"{type(exc).__name__} while handling the request")
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(AdmissionError, on_admission_error)
+    app.add_exception_handler(Exception, on_unexpected)
