@@ -316,6 +316,60 @@ def _cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+ENV_AES_GCM_KEY = "ADMISSION_AES_GCM_KEY"
+ENV_AES_GCM_KEY_ID = "ADMISSION_AES_GCM_KEY_ID"
+
+
+def _aes_gcm_key() -> tuple[bytes, str] | None:
+    # The key comes from the environment, never the command line, where any
+    # user of the machine could read it in the process list.
+    text = os.environ.get(ENV_AES_GCM_KEY)
+    if not text:
+        return None
+    import base64
+    import binascii
+
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except binascii.Error:
+        raise _InputError(ENV_AES_GCM_KEY, "not standard base64") from None
+    if len(key) not in (16, 24, 32):
+        raise _InputError(ENV_AES_GCM_KEY, f"must decode to 16, 24 or 32 bytes, got {len(key)}")
+    return key, os.environ.get(ENV_AES_GCM_KEY_ID) or "default"
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from admission.codecs import AesGcmCodec, CborCodec, Codec, JsonCodec, codecs_from
+        from admission.http import create_app
+    except ImportError as exc:
+        raise _InputError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
+    if not 0 < args.port < 65536:
+        raise _InputError("--port", "must be 1 to 65535")
+    codecs: list[Codec] = [JsonCodec(), CborCodec()]
+    aes = _aes_gcm_key()
+    if aes is not None:
+        codecs.append(AesGcmCodec(aes[0], aes[1]))
+    service = _service(args)
+    app = create_app(service, codecs=codecs_from(*codecs))
+    # One JSON line saying where it listens, then uvicorn's log on stderr.
+    print(
+        json.dumps(
+            {
+                "serving": f"http://{args.host}:{args.port}",
+                "database": _db_url(args),
+                "codecs": [c.name for c in codecs],
+                "aes_gcm_key_id": None if aes is None else aes[1],
+            }
+        ),
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from admission.demo import run_demo
 
@@ -423,6 +477,15 @@ def build_parser() -> argparse.ArgumentParser:
     prune.add_argument("--batch-size", type=int, default=100, help="targets between progress reports (100)")
     prune.add_argument("--now", help="prune as of this ISO 8601 time instead of the clock")
     prune.set_defaults(handler=_cmd_prune)
+
+    serve = commands.add_parser("serve", help="serve the HTTP API with uvicorn (needs the http extra)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+    serve.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    serve.set_defaults(handler=_cmd_serve)
 
     demo = commands.add_parser("demo", help="play a lost response, a retry, a conflict and a burst")
     demo.add_argument("--workers", type=int, default=8, help="concurrent callers in the burst (default 8)")

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -12,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
 
@@ -569,3 +576,85 @@ def test_the_app_mounts_under_an_engines_own_app(service: AdmissionService) -> N
     )
     assert response.status_code == 202 and response.headers["x-request-id"] == "z"
     assert response.json()["request_id"] == "m"
+
+
+# -- admission serve: a real server process on a real socket ---------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(
+    db_url: str, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``admission serve`` as a subprocess; yields its base URL and the JSON line it printed."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "admission", "--db", db_url, "serve", "--port", str(port), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        assert process.stdout is not None
+        announced = json.loads(process.stdout.readline() or "null")
+        assert announced is not None, process.stderr.read() if process.stderr else ""
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                time.sleep(0.05)
+        yield base, announced
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, log = process.communicate(timeout=30)
+        # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells the truth.
+        assert process.returncode == -signal.SIGTERM, log
+        assert "Finished server process" in log
+
+
+def test_admission_serve_admits_over_a_real_socket(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    service = AdmissionService(store)
+    try:
+        started(service)
+        key_env = {"ADMISSION_AES_GCM_KEY": base64.b64encode(KEY).decode(), "ADMISSION_AES_GCM_KEY_ID": "k1"}
+        with serving(db_url, env=key_env) as (base, announced), httpx.Client(base_url=base) as http:
+            assert announced["serving"] == base  # loopback unless told otherwise
+            assert announced["codecs"] == ["json", "cbor", "aes-gcm"]
+            assert announced["aes_gcm_key_id"] == "k1"
+            body = {"request_id": "over-the-wire", "input": envelope(AesGcmCodec(KEY, "k1"), {"n": 1})}
+            headers = {"X-Namespace": NS, "X-Request-Id": "corr-1"}
+            first = http.post("/api/workflows/wf-1/signal/go", json=body, headers=headers)
+            body["input"] = envelope(AesGcmCodec(KEY, "k1"), {"n": 1})  # a new nonce
+            retry = http.post("/api/workflows/wf-1/signal/go", json=body, headers=headers)
+        assert (first.status_code, retry.status_code) == (202, 202)
+        assert first.headers["x-request-id"] == "corr-1"
+        assert (first.json()["retained"], retry.json()["retained"]) == (False, True)
+        assert retry.json()["command_id"] == first.json()["command_id"]
+        receipt = service.receipt(NS, "wf-1", "signal", "over-the-wire")
+        assert receipt is not None and receipt.command_id == first.json()["command_id"]
+    finally:
+        store.dispose()
+
+
+def test_admission_serve_refuses_a_bad_key_before_listening(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "admission", "--db", url, "serve", "--port", str(free_port())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "ADMISSION_AES_GCM_KEY": base64.b64encode(b"short").decode()},
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "ADMISSION_AES_GCM_KEY: must decode to 16, 24 or 32 bytes, got 5" in result.stderr
+    assert result.stdout == ""
