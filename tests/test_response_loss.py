@@ -1,0 +1,379 @@
+"""Real response loss over loopback sockets, recovered by the client (contract §2.7, §4, §7).
+
+The server is the HTTP adapter (``create_app``) served by uvicorn on a real
+socket, over a real database (SQLite and PostgreSQL, the ``db_url`` fixture).
+Between it and the client sits ``tests/tcp_proxy.py``: a TCP proxy that lets
+each request through, reads the server's whole response, and then drops it
+(closes the client's connection without sending a byte).  The server did the
+work; the client saw nothing.  Nothing here mocks the network.
+
+Each test then counts what the database holds: one command per logical call,
+one admission event per command, and the ids the lost response carried are
+the ids the recovered answer carries.  The tallies go into the run summary.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+import uvicorn
+from sqlalchemy import Engine, func, select
+
+from admission.client import (
+    AdmissionClient,
+    Receipt,
+    SignalFailed,
+    TransportFailed,
+    TransportRetryPolicy,
+    UpdateFailed,
+)
+from admission.codecs import CborCodec, Codec, JsonCodec
+from admission.encoding import Value
+from admission.http import create_app
+from admission.keys import receipt_token
+from admission.schema import workflow_commands, workflow_history_events, workflow_instances
+from admission.service import AdmissionService
+from admission.sql import SqlStore, create_admission_engine
+from tests.conftest import SUMMARY_LINES
+from tests.tcp_proxy import Exchange, ProxiedRequest, ResponseDroppingProxy
+
+# Short backoffs keep the run small; the schedule itself is tested in tests/test_client.py.
+FAST = TransportRetryPolicy(max_attempts=3, initial_backoff_seconds=0.005, max_backoff_seconds=0.05)
+ONE_ATTEMPT = TransportRetryPolicy(max_attempts=1)
+STARTUP_SECONDS = 30.0
+ADMISSION_EVENTS = ("SignalReceived", "UpdateAccepted")
+
+
+@dataclass
+class Served:
+    """The app on a real socket, the proxy in front of it, and the database under both."""
+
+    backend: str
+    service: AdmissionService
+    proxy: ResponseDroppingProxy
+    engine: Engine
+
+    def client(
+        self, namespace: str, policy: TransportRetryPolicy = FAST, codec: Codec | None = None
+    ) -> AdmissionClient:
+        return AdmissionClient(self.proxy.url, namespace=namespace, policy=policy, codec=codec)
+
+    def commands(self, namespace: str) -> list[tuple[str, str, str | None]]:
+        """(id, command type, receipt token) of every command in the namespace."""
+        query = (
+            select(workflow_commands.c.id, workflow_commands.c.command_type, workflow_commands.c.request_id)
+            .select_from(
+                workflow_commands.join(
+                    workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
+                )
+            )
+            .where(workflow_instances.c.namespace == namespace)
+        )
+        with self.engine.connect() as connection:
+            return [(row.id, row.command_type, row.request_id) for row in connection.execute(query)]
+
+    def events(self, namespace: str) -> Counter[tuple[str, str | None]]:
+        """How many events of each (type, command id) the namespace's log holds."""
+        query = select(
+            workflow_history_events.c.event_type, workflow_history_events.c.command_id, func.count()
+        ).where(workflow_history_events.c.namespace == namespace)
+        query = query.group_by(workflow_history_events.c.event_type, workflow_history_events.c.command_id)
+        with self.engine.connect() as connection:
+            return Counter({(row[0], row[1]): row[2] for row in connection.execute(query)})
+
+
+def _serve(app: object) -> tuple[uvicorn.Server, threading.Thread, int]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the HTTP server did not start")
+        time.sleep(0.01)
+    return server, thread, port
+
+
+@pytest.fixture
+def served(db_url: str, sql_backend: str) -> Iterator[Served]:
+    store = SqlStore.open(db_url)
+    service = AdmissionService(store)
+    server, thread, port = _serve(create_app(service, poll_interval_seconds=0.01))
+    proxy = ResponseDroppingProxy(("127.0.0.1", port)).start()
+    engine = create_admission_engine(db_url)
+    try:
+        yield Served(sql_backend, service, proxy, engine)
+    finally:
+        proxy.stop()
+        server.should_exit = True
+        thread.join(STARTUP_SECONDS)
+        engine.dispose()
+        store.dispose()
+    assert proxy.errors == [], proxy.errors
+
+
+def first_sight() -> Callable[[ProxiedRequest], bool]:
+    """A drop rule's condition: the first time a request body is seen (the first attempt of a call)."""
+    seen: set[bytes] = set()
+
+    def first(request: ProxiedRequest) -> bool:
+        if request.body in seen:
+            return False
+        seen.add(request.body)
+        return True
+
+    return first
+
+
+def body(exchange: Exchange) -> dict[str, object]:
+    parsed = json.loads(exchange.response_body)
+    assert isinstance(parsed, dict)
+    return parsed
+
+
+def assert_same_admission(lost: dict[str, object], receipt: Receipt) -> None:
+    """The recovered answer carries the ids of the answer that was lost."""
+    for field in ("command_id", "run_id", "command_sequence", "received_at", "request_id", "update_id"):
+        assert receipt.raw.get(field) == lost.get(field), field
+
+
+def calls(count: int) -> list[tuple[str, str, Value, bool]]:
+    """``count`` logical calls across signals and updates, both scopes, several argument shapes."""
+    plan: list[tuple[str, str, Value, bool]] = []
+    for i in range(count):
+        kind = "signal" if i % 2 == 0 else "update"
+        arguments: Value = [i, float(i), {"note": "é" * (i % 3), "neg": -0.0}] if i % 4 < 2 else {"n": i}
+        plan.append((kind, f"wf-{i % 4}", arguments, i % 3 == 0))
+    return plan
+
+
+def start_runs(served: Served, namespace: str, count: int = 4) -> dict[str, str]:
+    return {f"wf-{i}": served.service.start_run(namespace, f"wf-{i}").run_id for i in range(count)}
+
+
+def send(
+    client: AdmissionClient,
+    kind: str,
+    workflow_id: str,
+    arguments: Value,
+    run_id: str | None,
+    **options: object,
+) -> Receipt:
+    if kind == "signal":
+        return client.signal(workflow_id, "paid", arguments, run_id=run_id, **options)  # type: ignore[arg-type]
+    return client.update(workflow_id, "approve", arguments, run_id=run_id, **options)  # type: ignore[arg-type]
+
+
+def assert_one_command_per_call(served: Served, namespace: str, keys: list[tuple[str, str]]) -> int:
+    commands = served.commands(namespace)
+    tokens = Counter(token for _, _, token in commands)
+    for kind, key in keys:
+        assert tokens[receipt_token(kind, key)] == 1, key  # type: ignore[arg-type]
+    assert len(commands) == len(keys)
+    events = served.events(namespace)
+    for command_id, kind, _ in commands:
+        admitted = "SignalReceived" if kind == "signal" else "UpdateAccepted"
+        assert events[(admitted, command_id)] == 1
+    assert sum(n for (event_type, _), n in events.items() if event_type in ADMISSION_EVENTS) == len(keys)
+    return len(commands)
+
+
+def test_24_lost_202s_are_recovered_by_the_automatic_retry_as_the_original(served: Served) -> None:
+    namespace = "loss-auto"
+    runs = start_runs(served, namespace)
+    clients = [served.client(namespace, codec=JsonCodec()), served.client(namespace, codec=CborCodec())]
+    served.proxy.drop(24, when=first_sight())
+    keys: list[tuple[str, str]] = []
+    recovered = 0
+    for i, (kind, workflow_id, arguments, pinned) in enumerate(calls(24)):
+        before = len(served.proxy.dropped)
+        receipt = send(clients[i % 2], kind, workflow_id, arguments, runs[workflow_id] if pinned else None)
+        lost = served.proxy.dropped[before:]
+        assert len(lost) == 1 and lost[0].status == 202
+        original = body(lost[0])
+        assert original["retained"] is False and original["request_id"] == receipt.request_id
+        assert receipt.status == 202 and receipt.retained and receipt.intent_verified
+        assert_same_admission(original, receipt)
+        assert receipt.target_scope == ("run" if pinned else "instance")
+        assert receipt.request_id is not None and receipt.request_id.startswith(f"sdk-python-{kind}-")
+        keys.append((kind, receipt.request_id))
+        recovered += 1
+    for client in clients:
+        client.close()
+    statuses = served.proxy.dropped_statuses()
+    assert statuses == Counter({202: 24}) and served.proxy.armed() == 0
+    assert len(served.proxy.exchanges) == 48  # one lost and one recovering attempt per call
+    in_db = assert_one_command_per_call(served, namespace, keys)
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] automatic retry: dropped {sum(statuses.values())} "
+        f"(by status {dict(statuses)}), recovered {recovered} as retained, commands in db {in_db}"
+    )
+
+
+def test_24_lost_202s_with_caller_keys_are_recovered_by_a_manual_retry(served: Served) -> None:
+    namespace = "loss-manual"
+    runs = start_runs(served, namespace)
+    client = served.client(namespace, policy=ONE_ATTEMPT)
+    keys: list[tuple[str, str]] = []
+    recovered = 0
+    for i, (kind, workflow_id, arguments, pinned) in enumerate(calls(24)):
+        key = [f"payment:{i}", f"Zahlung-ß-{i}", f"order/{i}/😀", f"A{i}" * 40][i % 4]
+        run_id = runs[workflow_id] if pinned else None
+        served.proxy.drop(1)
+        with pytest.raises(TransportFailed) as caught:
+            send(client, kind, workflow_id, arguments, run_id, request_id=key)
+        assert caught.value.request_id == key and caught.value.attempts == 1
+        lost = served.proxy.dropped[-1]
+        assert lost.status == 202 and body(lost)["request_id"] == key
+        receipt = send(client, kind, workflow_id, arguments, run_id, request_id=key)  # the caller's retry
+        assert receipt.retained and receipt.intent_verified and receipt.request_id == key
+        assert_same_admission(body(lost), receipt)
+        keys.append((kind, key))
+        recovered += 1
+    client.close()
+    statuses = served.proxy.dropped_statuses()
+    assert statuses == Counter({202: 24})
+    in_db = assert_one_command_per_call(served, namespace, keys)
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] caller key, manual retry: dropped {sum(statuses.values())} "
+        f"(by status {dict(statuses)}), recovered {recovered} as retained, commands in db {in_db}"
+    )
+
+
+def test_a_response_lost_after_the_update_completed_is_recovered_as_200_completed(served: Served) -> None:
+    namespace = "loss-completed"
+    served.service.start_run(namespace, "wf-0")
+    key = "approve-order-17"
+    completed: list[str] = []
+
+    def worker() -> None:
+        # The engine's side: complete the update once it has been admitted.
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            receipt = served.service.receipt(namespace, "wf-0", "update", key)
+            if receipt is not None and receipt.update_id is not None:
+                served.service.complete_update(namespace, "wf-0", receipt.update_id, {"approved": True})
+                completed.append(receipt.update_id)
+                return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    served.proxy.drop(1)
+    with served.client(namespace) as client:
+        receipt = client.update(
+            "wf-0", "approve", [17], request_id=key, wait_for="completed", wait_timeout_seconds=30
+        )
+    thread.join(STARTUP_SECONDS)
+    (lost,) = served.proxy.dropped
+    assert lost.status == 200 and body(lost)["update_status"] == "completed"
+    assert receipt.status == 200 and receipt.completed and receipt.retained
+    assert receipt.result == {"approved": True} and receipt.update_id == completed[0]
+    assert_same_admission(body(lost), receipt)
+    events = served.events(namespace)
+    (command_id, _, _), *others = served.commands(namespace)
+    assert others == []
+    assert events[("UpdateAccepted", command_id)] == 1 and events[("UpdateCompleted", command_id)] == 1
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] after completion: dropped 1 (by status {{200: 1}}), "
+        f"recovered 1 as 200 completed, commands in db 1"
+    )
+
+
+@pytest.mark.parametrize("kind", ["signal", "update"])
+def test_four_concurrent_clients_retrying_one_key_admit_one_command(served: Served, kind: str) -> None:
+    namespace = f"loss-race-{kind}"
+    served.service.start_run(namespace, "wf-0")
+    key = f"one-key-{kind}"
+    served.proxy.drop(4)  # the first four answers, whichever client they were for
+    policy = TransportRetryPolicy(max_attempts=8, initial_backoff_seconds=0.001, max_backoff_seconds=0.02)
+    barrier = threading.Barrier(4)
+    receipts: list[Receipt] = []
+    failures: list[BaseException] = []
+
+    def caller() -> None:
+        with served.client(namespace, policy=policy) as client:
+            barrier.wait()
+            try:
+                receipts.append(send(client, kind, "wf-0", {"amount": 12.5}, None, request_id=key))
+            except BaseException as exc:
+                failures.append(exc)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(STARTUP_SECONDS)
+    assert failures == [] and len(receipts) == 4
+    assert len({r.command_id for r in receipts}) == 1
+    answers = [body(e) for e in served.proxy.exchanges]
+    assert len(served.proxy.dropped) == 4
+    # Across every answer the server gave, delivered or lost, exactly one was fresh.
+    assert sum(1 for a in answers if a["retained"] is False) == 1
+    assert {a["command_id"] for a in answers} == {receipts[0].command_id}
+    in_db = assert_one_command_per_call(served, namespace, [(kind, key)])
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] 4 concurrent clients, one {kind} key: dropped "
+        f"{len(served.proxy.dropped)}, answers {len(answers)} (1 fresh), commands in db {in_db}"
+    )
+
+
+def test_a_changed_intent_retry_after_a_lost_response_gets_the_typed_conflict_and_writes_nothing(
+    served: Served,
+) -> None:
+    namespace = "loss-conflict"
+    runs = start_runs(served, namespace, 1)
+    client = served.client(namespace, policy=ONE_ATTEMPT)
+    served.proxy.drop(2)
+    with pytest.raises(TransportFailed):
+        client.signal("wf-0", "paid", [1], request_id="k-signal")
+    with pytest.raises(TransportFailed):
+        client.update("wf-0", "approve", [1], request_id="k-update")
+    commands, events = served.commands(namespace), served.events(namespace)
+    exchanges = len(served.proxy.exchanges)
+    changes: list[tuple[Callable[[], Receipt], type[Exception], list[str]]] = [
+        (lambda: client.signal("wf-0", "paid", [2], request_id="k-signal"), SignalFailed, ["arguments"]),
+        (lambda: client.signal("wf-0", "refund", [1], request_id="k-signal"), SignalFailed, ["name"]),
+        (
+            lambda: client.signal("wf-0", "paid", [1], request_id="k-signal", run_id=runs["wf-0"]),
+            SignalFailed,
+            ["target"],
+        ),
+        (
+            lambda: client.update("wf-0", "reject", {"why": 1}, request_id="k-update"),
+            UpdateFailed,
+            ["arguments", "name"],
+        ),
+    ]
+    for change, failure, parts in changes:
+        with pytest.raises(failure) as caught:
+            change()
+        error = caught.value
+        assert isinstance(error, (SignalFailed, UpdateFailed))
+        assert error.reason == "request_id_conflict" and error.status == 409
+        assert error.request_id in ("k-signal", "k-update")
+        assert sorted(error.details["conflict"]) == parts  # type: ignore[arg-type]
+        retained = [
+            c
+            for c in commands
+            if c[2] == receipt_token(error.details["retained_command_type"], error.request_id)
+        ]  # type: ignore[arg-type]
+        assert [c[0] for c in retained] == [error.details["retained_command_id"]]
+    client.close()
+    # Each conflict was one request (never retried), and nothing was written.
+    assert len(served.proxy.exchanges) == exchanges + len(changes)
+    assert served.commands(namespace) == commands and served.events(namespace) == events
+    assert len(commands) == 2
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] changed intent: dropped 2, conflicts {len(changes)} "
+        f"(one request each), commands in db {len(commands)} (unchanged)"
+    )
