@@ -488,6 +488,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 400:
+            # The framework could not parse the body (not JSON, bad form data): invalid input.
+            return _error(422, "input_invalid", f"body: {exc.detail}", field="body")
         reasons = {404: "not_found", 405: "method_not_allowed"}
         reason = reasons.get(exc.status_code, "http_error")
         response = _error(exc.status_code, reason, str(exc.detail))

@@ -442,6 +442,14 @@ def test_bad_input_is_a_422_with_the_documented_shape_and_writes_nothing(
         assert response.status_code == 422, (raw, response.text)
         refused = assert_error_shape(response)
         assert (refused["reason"], refused["field"]) == ("input_invalid", "body"), raw
+    for kind in ("multipart/form-data; boundary=x", "application/x-www-form-urlencoded", "text/plain"):
+        response = client.post(
+            "/api/workflows/wf-1/signal/go",
+            content=b"\x80junk",
+            headers={"X-Namespace": NS, "Content-Type": kind},
+        )
+        assert response.status_code == 422, (kind, response.text)
+        assert (assert_error_shape(response)["reason"], response.json()["field"]) == ("input_invalid", "body")
     for path, headers in (
         ("/api/workflows/wf-1/signal/go", {"X-Namespace": ""}),
         ("/api/workflows/wf-1/signal/go", {"X-Namespace": "n" * 256}),
