@@ -14,8 +14,11 @@ the ids the recovered answer carries.  The tallies go into the run summary.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -28,6 +31,7 @@ from sqlalchemy import Engine, func, select
 
 from admission.client import (
     AdmissionClient,
+    AsyncAdmissionClient,
     Receipt,
     SignalFailed,
     TransportFailed,
@@ -42,6 +46,7 @@ from admission.schema import workflow_commands, workflow_history_events, workflo
 from admission.service import AdmissionService
 from admission.sql import SqlStore, create_admission_engine
 from tests.conftest import SUMMARY_LINES
+from tests.processes import WAIT
 from tests.tcp_proxy import Exchange, ProxiedRequest, ResponseDroppingProxy
 
 # Short backoffs keep the run small; the schedule itself is tested in tests/test_client.py.
@@ -289,40 +294,69 @@ def test_a_response_lost_after_the_update_completed_is_recovered_as_200_complete
     )
 
 
+# Each racing client is an OS process of its own that imports only the client, so
+# the four start fast; they announce "ready", then all send when told "go".
+CALLER = """
+import json, sys
+from admission.client import AdmissionClient, TransportRetryPolicy
+
+url, namespace, kind, key = sys.argv[1:5]
+policy = TransportRetryPolicy(max_attempts=8, initial_backoff_seconds=0.001, max_backoff_seconds=0.02)
+with AdmissionClient(url, namespace=namespace, policy=policy) as client:
+    print("ready", flush=True)
+    sys.stdin.readline()
+    if kind == "signal":
+        receipt = client.signal("wf-0", "paid", {"amount": 12.5}, request_id=key)
+    else:
+        receipt = client.update("wf-0", "approve", {"amount": 12.5}, request_id=key)
+print(json.dumps(dict(receipt.raw)), flush=True)
+"""
+
+
+def race(url: str, namespace: str, kind: str, key: str, count: int) -> list[dict[str, object]]:
+    """Start ``count`` client processes, release them together, and return their receipts."""
+    callers = [
+        subprocess.Popen(
+            [sys.executable, "-c", CALLER, url, namespace, kind, key],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    try:
+        for caller in callers:
+            assert caller.stdout is not None and caller.stdout.readline().strip() == "ready"
+        for caller in callers:
+            assert caller.stdin is not None
+            caller.stdin.write("go\n")
+            caller.stdin.flush()
+        outputs = [caller.communicate(timeout=WAIT)[0] for caller in callers]
+        assert [caller.returncode for caller in callers] == [0] * count
+        return [json.loads(output) for output in outputs]
+    finally:
+        for caller in callers:
+            if caller.poll() is None:
+                caller.kill()
+                caller.wait(WAIT)
+
+
 @pytest.mark.parametrize("kind", ["signal", "update"])
 def test_four_concurrent_clients_retrying_one_key_admit_one_command(served: Served, kind: str) -> None:
     namespace = f"loss-race-{kind}"
     served.service.start_run(namespace, "wf-0")
     key = f"one-key-{kind}"
     served.proxy.drop(4)  # the first four answers, whichever client they were for
-    policy = TransportRetryPolicy(max_attempts=8, initial_backoff_seconds=0.001, max_backoff_seconds=0.02)
-    barrier = threading.Barrier(4)
-    receipts: list[Receipt] = []
-    failures: list[BaseException] = []
-
-    def caller() -> None:
-        with served.client(namespace, policy=policy) as client:
-            barrier.wait()
-            try:
-                receipts.append(send(client, kind, "wf-0", {"amount": 12.5}, None, request_id=key))
-            except BaseException as exc:
-                failures.append(exc)
-
-    threads = [threading.Thread(target=caller) for _ in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(STARTUP_SECONDS)
-    assert failures == [] and len(receipts) == 4
-    assert len({r.command_id for r in receipts}) == 1
+    receipts = race(served.proxy.url, namespace, kind, key, 4)
+    assert len({r["command_id"] for r in receipts}) == 1 and all(r["request_id"] == key for r in receipts)
     answers = [body(e) for e in served.proxy.exchanges]
     assert len(served.proxy.dropped) == 4
     # Across every answer the server gave, delivered or lost, exactly one was fresh.
     assert sum(1 for a in answers if a["retained"] is False) == 1
-    assert {a["command_id"] for a in answers} == {receipts[0].command_id}
+    assert {a["command_id"] for a in answers} == {receipts[0]["command_id"]}
     in_db = assert_one_command_per_call(served, namespace, [(kind, key)])
     SUMMARY_LINES.append(
-        f"response loss [{served.backend}] 4 concurrent clients, one {kind} key: dropped "
+        f"response loss [{served.backend}] 4 concurrent client processes, one {kind} key: dropped "
         f"{len(served.proxy.dropped)}, answers {len(answers)} (1 fresh), commands in db {in_db}"
     )
 
@@ -376,4 +410,33 @@ def test_a_changed_intent_retry_after_a_lost_response_gets_the_typed_conflict_an
     SUMMARY_LINES.append(
         f"response loss [{served.backend}] changed intent: dropped 2, conflicts {len(changes)} "
         f"(one request each), commands in db {len(commands)} (unchanged)"
+    )
+
+
+def test_the_async_client_recovers_lost_responses_the_same_way(served: Served) -> None:
+    namespace = "loss-async"
+    runs = start_runs(served, namespace)
+    served.proxy.drop(8, when=first_sight())
+
+    async def scenario() -> list[Receipt]:
+        async with AsyncAdmissionClient(served.proxy.url, namespace=namespace, policy=FAST) as client:
+            receipts = []
+            for kind, workflow_id, arguments, pinned in calls(8):
+                run_id = runs[workflow_id] if pinned else None
+                if kind == "signal":
+                    receipts.append(await client.signal(workflow_id, "paid", arguments, run_id=run_id))
+                else:
+                    receipts.append(await client.update(workflow_id, "approve", arguments, run_id=run_id))
+            return receipts
+
+    receipts = asyncio.run(scenario())
+    lost = served.proxy.dropped
+    assert len(lost) == 8 and all(r.retained and r.intent_verified for r in receipts)
+    for exchange, receipt in zip(lost, receipts, strict=True):
+        assert_same_admission(body(exchange), receipt)
+    keys = [(r.command_type, r.request_id) for r in receipts if r.request_id is not None]
+    in_db = assert_one_command_per_call(served, namespace, keys)
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] async client: dropped {len(lost)}, "
+        f"recovered {len(receipts)} as retained, commands in db {in_db}"
     )
