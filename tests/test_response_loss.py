@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -24,6 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -440,3 +442,23 @@ def test_the_async_client_recovers_lost_responses_the_same_way(served: Served) -
         f"response loss [{served.backend}] async client: dropped {len(lost)}, "
         f"recovered {len(receipts)} as retained, commands in db {in_db}"
     )
+
+
+GUIDE = Path(__file__).resolve().parents[1] / "docs" / "client.md"
+BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def test_every_python_block_of_the_client_guide_runs(served: Served) -> None:
+    # The guide's address is where `admission serve` listens by default; here, the test's server.
+    blocks = [
+        b.replace("http://127.0.0.1:8000", served.proxy.url) for b in BLOCK.findall(GUIDE.read_text("utf-8"))
+    ]
+    assert len(blocks) >= 5
+    served.service.start_run("default", "order-42")
+    namespace: dict[str, object] = {"__name__": "docs.client"}
+    for number, block in enumerate(blocks, 1):
+        try:
+            exec(compile(block, f"client.md[block {number}]", "exec"), namespace)
+        except Exception as exc:
+            raise AssertionError(f"client.md block {number} failed: {exc!r}") from exc
+    assert served.proxy.dropped == [] and len(served.proxy.exchanges) >= 6
