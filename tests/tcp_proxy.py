@@ -240,16 +240,25 @@ class ResponseDroppingProxy:
             with contextlib.ExitStack() as stack:
                 client_in = stack.enter_context(client.makefile("rb"))
                 upstream_in: BinaryIO | None = None
-                for request_head, request in self._requests(client_in):
+                for answered, (request_head, request) in enumerate(self._requests(client_in)):
                     if upstream is None:
                         upstream = socket.create_connection(self.upstream)
                         with self._lock:
                             self._sockets.add(upstream)
                         upstream_in = stack.enter_context(upstream.makefile("rb"))
                     assert upstream_in is not None
-                    upstream.sendall(request_head + request.body)
+                    try:
+                        upstream.sendall(request_head + request.body)
+                    except OSError:
+                        if answered:
+                            return  # as below: a kept-alive connection the server closed
+                        raise
                     response_head = _read_head(upstream_in)
                     if response_head is None:
+                        if answered:
+                            # The server closed a kept-alive connection as this request
+                            # arrived: pass the close on, as a proxy does; not a fault.
+                            return
                         raise ProtocolBroken("server closed the connection without answering")
                     status = int(response_head[0].split()[1])
                     response_headers = _headers(response_head)

@@ -725,3 +725,30 @@ def test_the_client_follows_the_policy_for_any_sequence_of_outcomes(
         assert not (isinstance(earlier, int) and 400 <= earlier < 500 and earlier != 429)
     assert sleeps.waits == [policy.delay(n, unit) for n in range(1, expected)]
     assert all(0 <= w <= policy.max_backoff_seconds for w in sleeps.waits)
+
+
+def test_the_client_module_pins_its_public_names_and_documents_them() -> None:
+    import admission.client as module
+
+    assert sorted(module.__all__) == sorted(
+        [
+            "AdmissionClient",
+            "AsyncAdmissionClient",
+            "ClientError",
+            "CommandRejected",
+            "InvalidRequest",
+            "Receipt",
+            "RequestIdAmbiguous",
+            "SignalFailed",
+            "TransportFailed",
+            "TransportRetryPolicy",
+            "UnexpectedResponse",
+            "UpdateFailed",
+            "generate_request_id",
+        ]
+    )
+    for name in module.__all__:
+        obj = getattr(module, name)
+        assert obj.__doc__, name
+        if isinstance(obj, type) and issubclass(obj, ClientError):
+            assert obj.code != ClientError.code or obj is ClientError, name

@@ -25,8 +25,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 import uvicorn
 from sqlalchemy import Engine, func, select
@@ -99,7 +101,9 @@ class Served:
 def _serve(app: object) -> tuple[uvicorn.Server, threading.Thread, int]:
     sock = socket.create_server(("127.0.0.1", 0))
     port = int(sock.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))  # type: ignore[arg-type]
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60)
+    )  # type: ignore[arg-type]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + STARTUP_SECONDS
@@ -462,3 +466,65 @@ def test_every_python_block_of_the_client_guide_runs(served: Served) -> None:
         except Exception as exc:
             raise AssertionError(f"client.md block {number} failed: {exc!r}") from exc
     assert served.proxy.dropped == [] and len(served.proxy.exchanges) >= 6
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """A plain HTTP/1.1 server for the proxy's own test: sized, chunked and echoed bodies."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        if self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for chunk in (b"hello, ", b"chunked world"):
+                self.wfile.write(f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        payload = b"sized body"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_POST(self) -> None:
+        payload = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(201)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_the_proxy_forwards_what_it_is_not_told_to_drop_and_tallies_what_it_drops() -> None:
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    thread = threading.Thread(target=upstream.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with ResponseDroppingProxy(("127.0.0.1", upstream.server_address[1])) as proxy:
+            proxy.drop(2, when=lambda request: request.path == "/echo")
+            with httpx.Client(base_url=proxy.url) as client:
+                assert client.get("/sized").content == b"sized body"
+                assert client.get("/chunked").content == b"hello, chunked world"
+                for attempt in (b"first", b"second"):
+                    with pytest.raises(httpx.RemoteProtocolError):
+                        client.post("/echo", content=attempt)
+                third = client.post("/echo", content=b"third")
+                assert third.status_code == 201 and third.content == b"third"
+            assert proxy.dropped_statuses() == Counter({201: 2}) and proxy.armed() == 0
+            assert [e.request.body for e in proxy.dropped] == [b"first", b"second"]
+            assert [e.response_body for e in proxy.dropped] == [b"first", b"second"]  # the server answered
+            assert [(e.request.path, e.dropped) for e in proxy.exchanges] == [
+                ("/sized", False),
+                ("/chunked", False),
+                ("/echo", True),
+                ("/echo", True),
+                ("/echo", False),
+            ]
+            assert proxy.errors == []
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
