@@ -6,6 +6,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -666,3 +667,12 @@ def test_admission_serve_refuses_a_bad_key_before_listening(tmp_path: Path) -> N
     assert result.returncode == 2
     assert "ADMISSION_AES_GCM_KEY: must decode to 16, 24 or 32 bytes, got 5" in result.stderr
     assert result.stdout == ""
+
+
+def test_every_python_block_of_the_http_guide_runs() -> None:
+    text = (Path(__file__).resolve().parents[1] / "docs" / "http.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"^```python\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+    assert len(blocks) >= 3
+    namespace: dict[str, object] = {"__name__": "docs.http"}
+    for number, block in enumerate(blocks, 1):
+        exec(compile(block, f"http.md[block {number}]", "exec"), namespace)
