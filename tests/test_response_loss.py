@@ -1,7 +1,9 @@
 """Real response loss over loopback sockets, recovered by the client (contract §2.7, §4, §7).
 
-The server is the HTTP adapter (``create_app``) served by uvicorn on a real
-socket, over a real database (SQLite and PostgreSQL, the ``db_url`` fixture).
+The server is ``admission serve`` (the HTTP adapter under uvicorn) in its own
+OS process, on a real loopback socket, over a real database (SQLite and
+PostgreSQL, the ``db_url`` fixture); the test plays the engine through its own
+service on the same database.
 Between it and the client sits ``tests/tcp_proxy.py``: a TCP proxy that lets
 each request through, reads the server's whole response, and then drops it
 (closes the client's connection without sending a byte).  The server did the
@@ -15,11 +17,13 @@ the ids the recovered answer carries.  The tallies go into the run summary.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -30,7 +34,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from sqlalchemy import Engine, func, select
 
 from admission.client import (
@@ -44,7 +47,6 @@ from admission.client import (
 )
 from admission.codecs import CborCodec, Codec, JsonCodec
 from admission.encoding import Value
-from admission.http import create_app
 from admission.keys import receipt_token
 from admission.schema import workflow_commands, workflow_history_events, workflow_instances
 from admission.service import AdmissionService
@@ -98,38 +100,66 @@ class Served:
             return Counter({(row[0], row[1]): row[2] for row in connection.execute(query)})
 
 
-def _serve(app: object) -> tuple[uvicorn.Server, threading.Thread, int]:
-    sock = socket.create_server(("127.0.0.1", 0))
-    port = int(sock.getsockname()[1])
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60)
-    )  # type: ignore[arg-type]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the HTTP server did not start")
-        time.sleep(0.01)
-    return server, thread, port
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def admission_serve(db_url: str) -> Iterator[int]:
+    """``admission --db URL serve`` as its own OS process, on loopback; yields its port."""
+    log = ""
+    for _ in range(3):  # another process may take the probed port first
+        port = _free_port()
+        # The log goes to a file: a pipe nobody reads could fill and stall the server.
+        with tempfile.TemporaryFile() as stderr:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "admission", "--db", db_url, "serve", "--port", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+            try:
+                deadline = time.monotonic() + STARTUP_SECONDS
+                while server.poll() is None and not _listening(port) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                if server.poll() is None and _listening(port):
+                    yield port
+                    return
+            finally:
+                if server.poll() is None:
+                    server.terminate()
+                    try:
+                        server.wait(WAIT)
+                    except subprocess.TimeoutExpired:
+                        server.kill()
+                        server.wait(WAIT)
+                stderr.seek(0)
+                log = stderr.read().decode("utf-8", "replace")
+    raise RuntimeError(f"admission serve did not start: {log[-2000:]}")
 
 
 @pytest.fixture
 def served(db_url: str, sql_backend: str) -> Iterator[Served]:
+    # The server is the deployable one, in its own process; the test plays the
+    # engine (starting runs, completing updates) through its own service on
+    # the same database, and counts rows there.
     store = SqlStore.open(db_url)
-    service = AdmissionService(store)
-    server, thread, port = _serve(create_app(service, poll_interval_seconds=0.01))
-    proxy = ResponseDroppingProxy(("127.0.0.1", port)).start()
     engine = create_admission_engine(db_url)
     try:
-        yield Served(sql_backend, service, proxy, engine)
+        with admission_serve(db_url) as port, ResponseDroppingProxy(("127.0.0.1", port)) as proxy:
+            yield Served(sql_backend, AdmissionService(store), proxy, engine)
+            assert proxy.errors == [], proxy.errors
     finally:
-        proxy.stop()
-        server.should_exit = True
-        thread.join(STARTUP_SECONDS)
         engine.dispose()
         store.dispose()
-    assert proxy.errors == [], proxy.errors
 
 
 def first_sight() -> Callable[[ProxiedRequest], bool]:
