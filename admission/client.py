@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import random as _random
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -90,6 +91,7 @@ def generate_request_id(command_type: CommandType) -> str:
 # first attempt did land (contract §4).  What is retried is exactly what cannot
 # be a definite answer from admission.  Local protocol errors, unsupported
 # schemes and proxy errors are the caller's configuration: resending cannot help.
+_DELTA_SECONDS: Final = re.compile(r"[0-9]{1,9}")
 _RETRIED_ERRORS: Final = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
@@ -156,6 +158,13 @@ class TransportRetryPolicy:
         except OverflowError:
             grown = math.inf
         return min(self.max_backoff_seconds, grown)
+
+    def honour_retry_after(self, delay: float, retry_after: str | None) -> float:
+        """The wait after a 429 / 5xx: at least the server's ``Retry-After`` (RFC 9110 §10.2.3, in
+        seconds), but never more than ``max_backoff_seconds``; an HTTP-date or junk is ignored."""
+        if retry_after is None or not _DELTA_SECONDS.fullmatch(retry_after.strip()):
+            return delay
+        return max(delay, min(float(retry_after.strip()), self.max_backoff_seconds))
 
     def delay(self, retry: int, unit: float) -> float:
         """The wait before retry ``retry`` (1-based), given ``unit`` uniform in ``[0, 1]``."""
@@ -680,6 +689,8 @@ class _Attempts:
         if not self.policy.retries_status(response.status_code):
             return None
         wait = self._wait(attempt)
+        if wait is not None:
+            wait = self.policy.honour_retry_after(wait, response.headers.get("retry-after"))
         if wait is None:
             body = _json_body(response)
             raise TransportFailed(
@@ -710,13 +721,12 @@ class _Attempts:
         return wait
 
 
-def _tagged(error: Exception, request_id: str) -> Exception:
+def _tag(error: Exception, request_id: str) -> None:
     # An exception the client does not translate still says which key it was
     # about (contract §7).
     if getattr(error, "request_id", None) is None:
         with contextlib.suppress(AttributeError):
             error.request_id = request_id  # type: ignore[attr-defined]
-    return error
 
 
 _HEADERS: Final = {"content-type": "application/json", "accept": "application/json"}
@@ -852,7 +862,8 @@ class AdmissionClient:
         except ClientError:
             raise
         except Exception as exc:
-            raise _tagged(exc, call.request_id) from None
+            _tag(exc, call.request_id)
+            raise
 
     def _send(self, call: _Call) -> httpx.Response:
         plan = _Attempts(self.policy, call, self._random)
@@ -987,7 +998,8 @@ class AsyncAdmissionClient:
         except ClientError:
             raise
         except Exception as exc:
-            raise _tagged(exc, call.request_id) from None
+            _tag(exc, call.request_id)
+            raise
 
     async def _send(self, call: _Call) -> httpx.Response:
         plan = _Attempts(self.policy, call, self._random)

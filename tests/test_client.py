@@ -752,3 +752,49 @@ def test_the_client_module_pins_its_public_names_and_documents_them() -> None:
         assert obj.__doc__, name
         if isinstance(obj, type) and issubclass(obj, ClientError):
             assert obj.code != ClientError.code or obj is ClientError, name
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "wait"),
+    [
+        ("3", 3.0),
+        ("100", 5.0),
+        ("0", 0.1),
+        ("Wed, 21 Oct 2026 07:28:00 GMT", 0.1),
+        ("1.5", 0.1),
+        ("-2", 0.1),
+        (None, 0.1),
+    ],
+)
+def test_retry_after_is_honoured_up_to_the_cap(retry_after: str | None, wait: float) -> None:
+    headers = {} if retry_after is None else {"retry-after": retry_after}
+    answers = [httpx.Response(429, headers=headers, json={"reason": "slow_down", "message": "later"})]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if answers:
+            return answers.pop()
+        key = json.loads(request.content)["request_id"]
+        body = {
+            "outcome": "received",
+            "namespace": "default",
+            "workflow_id": "order-1",
+            "command_type": "signal",
+            "request_id": key,
+            "retained": False,
+            "intent_verified": True,
+        }
+        return httpx.Response(202, json=body)
+
+    sleeps = Sleeps()
+    make_client(answer, sleeps=sleeps).signal("order-1", "paid")
+    assert sleeps.waits == [wait]
+
+
+@settings(max_examples=200)
+@given(policies, st.integers(1, 50), st.floats(0, 1), st.one_of(st.none(), st.text(max_size=12)))
+def test_a_retry_after_never_shortens_the_backoff_nor_passes_the_cap(
+    policy: TransportRetryPolicy, retry: int, unit: float, header: str | None
+) -> None:
+    delay = policy.delay(retry, unit)
+    wait = policy.honour_retry_after(delay, header)
+    assert delay <= wait <= policy.max_backoff_seconds
