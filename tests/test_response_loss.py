@@ -17,8 +17,10 @@ the ids the recovered answer carries.  The tallies go into the run summary.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -39,13 +41,14 @@ from sqlalchemy import Engine, func, select
 from admission.client import (
     AdmissionClient,
     AsyncAdmissionClient,
+    InvalidRequest,
     Receipt,
     SignalFailed,
     TransportFailed,
     TransportRetryPolicy,
     UpdateFailed,
 )
-from admission.codecs import CborCodec, Codec, JsonCodec
+from admission.codecs import AesGcmCodec, CborCodec, Codec, JsonCodec
 from admission.encoding import Value
 from admission.keys import receipt_token
 from admission.schema import workflow_commands, workflow_history_events, workflow_instances
@@ -60,6 +63,8 @@ FAST = TransportRetryPolicy(max_attempts=3, initial_backoff_seconds=0.005, max_b
 ONE_ATTEMPT = TransportRetryPolicy(max_attempts=1)
 STARTUP_SECONDS = 30.0
 ADMISSION_EVENTS = ("SignalReceived", "UpdateAccepted")
+TEST_KEY = bytes(range(32))
+TEST_KEY_ID = "test-key-1"
 
 
 @dataclass
@@ -115,7 +120,16 @@ def _listening(port: int) -> bool:
 
 @contextlib.contextmanager
 def admission_serve(db_url: str) -> Iterator[int]:
-    """``admission --db URL serve`` as its own OS process, on loopback; yields its port."""
+    """``admission --db URL serve`` as its own OS process, on loopback; yields its port.
+
+    It accepts ``json``, ``cbor`` and ``aes-gcm`` under the test key (given the
+    way an operator gives it, in the environment).
+    """
+    environment = {
+        **os.environ,
+        "ADMISSION_AES_GCM_KEY": base64.b64encode(TEST_KEY).decode("ascii"),
+        "ADMISSION_AES_GCM_KEY_ID": TEST_KEY_ID,
+    }
     log = ""
     for _ in range(3):  # another process may take the probed port first
         port = _free_port()
@@ -125,6 +139,7 @@ def admission_serve(db_url: str) -> Iterator[int]:
                 [sys.executable, "-m", "admission", "--db", db_url, "serve", "--port", str(port)],
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                env=environment,
             )
             try:
                 deadline = time.monotonic() + STARTUP_SECONDS
@@ -325,8 +340,9 @@ def test_a_response_lost_after_the_update_completed_is_recovered_as_200_complete
     assert others == []
     assert events[("UpdateAccepted", command_id)] == 1 and events[("UpdateCompleted", command_id)] == 1
     SUMMARY_LINES.append(
-        f"response loss [{served.backend}] after completion: dropped 1 (by status {{200: 1}}), "
-        f"recovered 1 as 200 completed, commands in db 1"
+        f"response loss [{served.backend}] after completion: dropped {len(served.proxy.dropped)} "
+        f"(by status {dict(served.proxy.dropped_statuses())}), recovered 1 as 200 completed, "
+        f"commands in db {1 + len(others)}"
     )
 
 
@@ -475,6 +491,49 @@ def test_the_async_client_recovers_lost_responses_the_same_way(served: Served) -
     SUMMARY_LINES.append(
         f"response loss [{served.backend}] async client: dropped {len(lost)}, "
         f"recovered {len(receipts)} as retained, commands in db {in_db}"
+    )
+
+
+def test_encrypted_arguments_retried_by_hand_under_a_new_nonce_are_the_same_intent(served: Served) -> None:
+    namespace = "loss-encrypted"
+    runs = start_runs(served, namespace)
+    codec = AesGcmCodec(TEST_KEY, TEST_KEY_ID)
+    by_hand = served.client(namespace, policy=ONE_ATTEMPT, codec=codec)
+    keys: list[tuple[str, str]] = []
+    for i, (kind, workflow_id, arguments, pinned) in enumerate(calls(8)):
+        key, run_id = f"secret-{i}", runs[workflow_id] if pinned else None
+        served.proxy.drop(1)
+        with pytest.raises(TransportFailed):
+            send(by_hand, kind, workflow_id, arguments, run_id, request_id=key)
+        receipt = send(by_hand, kind, workflow_id, arguments, run_id, request_id=key)
+        lost, retry = served.proxy.exchanges[-2:]
+        assert lost.dropped and not retry.dropped
+        blobs = [json.loads(e.request.body)["input"]["blob"] for e in (lost, retry)]
+        assert blobs[0] != blobs[1]  # encrypted again, under a fresh nonce
+        assert receipt.retained and receipt.intent_verified  # the digest is over the plaintext
+        assert_same_admission(body(lost), receipt)
+        keys.append((kind, key))
+    by_hand.close()
+    # The automatic retry resends the very same ciphertext: the body was serialised once.
+    with served.client(namespace, codec=codec) as automatic:
+        served.proxy.drop(1)
+        receipt = automatic.signal("wf-0", "paid", {"card": "4111 1111 1111 1111"})
+    lost, retry = served.proxy.exchanges[-2:]
+    assert lost.dropped and lost.request.body == retry.request.body and receipt.retained
+    assert receipt.request_id is not None
+    keys.append(("signal", receipt.request_id))
+    # A blob under another key fails authentication: 422 input_invalid, nothing written.
+    before = served.commands(namespace)
+    stranger = served.client(namespace, codec=AesGcmCodec(bytes(32), TEST_KEY_ID))
+    with stranger, pytest.raises(InvalidRequest) as caught:
+        stranger.signal("wf-0", "paid", [1], request_id="forged")
+    assert caught.value.reason == "input_invalid" and caught.value.field == "input"
+    assert caught.value.request_id == "forged" and served.commands(namespace) == before
+    in_db = assert_one_command_per_call(served, namespace, keys)
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] aes-gcm: dropped {len(served.proxy.dropped)}, recovered "
+        f"{len(keys) - 1} by hand under new nonces and 1 automatically with the same ciphertext, "
+        f"all retained; commands in db {in_db}"
     )
 
 
