@@ -13,9 +13,11 @@ Per backend (SQLite, PostgreSQL), on one database, four candidates:
 
 The in-process candidate is the floor: HTTP adds the client, the socket, the
 server's parsing, validation, codec, threadpool hop and JSON answer around
-the very same service call.  Candidates are interleaved: each round runs all
-four for ``--seconds`` each, the order reversed every other round; the table
-gives medians over the rounds and the ratio HTTP / in-process.
+the very same service call.  A fifth candidate, a GET of an unknown route
+(404) through the same client and server, measures the transport alone.
+Candidates are interleaved: each round runs all five for ``--seconds`` each,
+the order reversed every other round; the table gives medians over the
+rounds, the ratio HTTP / in-process and the microseconds HTTP adds.
 
 Durability is the same for both sides (it is one database): SQLite in WAL
 with ``synchronous=FULL``; PostgreSQL with ``fsync=on``,
@@ -65,6 +67,7 @@ ARGUMENTS = {"order_id": "ord-2026-000417", "amount": 4250, "currency": "EUR", "
 INSTANCES = 16
 RETAINED_KEYS = 256
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
+Row = tuple[str, str, str, float, str, str]
 
 
 def free_port() -> int:
@@ -157,6 +160,10 @@ class Subject:
     def http_retained(self) -> int:
         return self._post(*self.retained[next(self._counter) % RETAINED_KEYS])
 
+    def http_round_trip(self) -> int:
+        # The transport alone: client, socket, uvicorn and routing, no admission.
+        return self.http.get("/api/none").status_code
+
     def close(self) -> None:
         self.http.close()
         self.store.dispose()
@@ -196,6 +203,7 @@ def bench(
                 "fresh/HTTP": subject.http_fresh,
                 "retained/in-process": subject.local_retained,
                 "retained/HTTP": subject.http_retained,
+                "round trip/HTTP": subject.http_round_trip,
             }
             samples: dict[str, list[float]] = {name: [] for name in candidates}
             names = list(candidates)
@@ -209,17 +217,34 @@ def bench(
     for measurement in ("fresh", "retained"):
         floor = medians[f"{measurement}/in-process"]
         http = medians[f"{measurement}/HTTP"]
-        rows.append((backend, measurement, "in-process service", floor, "floor"))
-        rows.append((backend, measurement, "HTTP (uvicorn, httpx keep-alive)", http, f"{http / floor:.2f}x"))
+        added = 1e6 / http - 1e6 / floor
+        rows.append((backend, measurement, "in-process service", floor, "floor", ""))
+        rows.append(
+            (
+                backend,
+                measurement,
+                "HTTP (uvicorn, httpx keep-alive)",
+                http,
+                f"{http / floor:.2f}x",
+                f"{added:,.0f}",
+            )
+        )
+    trip = medians["round trip/HTTP"]
+    rows.append((backend, "transport", "HTTP GET of an unknown route (404)", trip, "n/a", ""))
     return rows
 
 
-def print_rows(rows: list[tuple[str, str, str, float, str]], markdown: bool) -> None:
-    header = ("backend", "measurement", "candidate", "median ops/s", "median µs/op", "ratio to in-process")
-    lines = [(b, m, c, f"{ops:,.0f}", f"{1e6 / ops:,.0f}", ratio) for b, m, c, ops, ratio in rows]
+def print_rows(rows: list[Row], markdown: bool) -> None:
+    header = (
+        "backend", "measurement", "candidate", "median ops/s", "median µs/op", "ratio to in-process",
+        "µs added by HTTP",
+    )  # fmt: skip
+    lines = [
+        (b, m, c, f"{ops:,.0f}", f"{1e6 / ops:,.0f}", ratio, added) for b, m, c, ops, ratio, added in rows
+    ]
     if markdown:
         print("| " + " | ".join(header) + " |")
-        print("|---|---|---|---:|---:|---|")
+        print("|---|---|---|---:|---:|---|---:|")
         for line in lines:
             print("| " + " | ".join(line) + " |")
         return
@@ -251,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         f"uvicorn {uvicorn.__version__}, httpx {httpx.__version__}, {os.cpu_count()} CPUs, "
         f"rounds={args.rounds}, seconds={args.seconds:g}"
     )
-    rows: list[tuple[str, str, str, float, str]] = []
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="admission-bench-http-") as directory:
         if args.backend in ("sqlite", "all"):
             rows += bench(
