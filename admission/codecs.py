@@ -33,7 +33,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import os
+import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar, Final, Protocol, runtime_checkable
 
@@ -272,7 +272,8 @@ class CborCodec:
 
 
 def _random_nonce() -> bytes:
-    return os.urandom(AES_GCM_NONCE_SIZE)
+    # A fresh 96-bit nonce from the operating system's CSPRNG for every encryption.
+    return secrets.token_bytes(AES_GCM_NONCE_SIZE)
 
 
 class AesGcmCodec:

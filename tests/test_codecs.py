@@ -263,7 +263,14 @@ def test_codec_errors_pickle_with_their_data() -> None:
 def test_the_codecs_module_does_not_need_cryptography_until_aes_gcm_is_used() -> None:
     code = (
         "import sys; import admission, admission.codecs as c; c.JsonCodec().decode('[1]');"
-        "print('cryptography' in sys.modules, 'sqlalchemy' in sys.modules)"
+        "print(*(m in sys.modules for m in ('cryptography', 'sqlalchemy', 'fastapi', 'httpx')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    assert out.stdout.split() == ["False"] * 4
+
+
+def test_the_codecs_module_is_pure() -> None:
+    from tests.test_api import imported_modules
+
+    banned = {"sqlalchemy", "alembic", "os", "time", "random", "fastapi", "starlette", "httpx"}
+    assert not {n for n in imported_modules("codecs") if n.split(".")[0] in banned}
