@@ -1,13 +1,14 @@
 """Real response loss over loopback sockets, recovered by the client (contract §2.7, §4, §7).
 
 The server is ``admission serve`` (the HTTP adapter under uvicorn) in its own
-OS process, on a real loopback socket, over a real database (SQLite and
-PostgreSQL, the ``db_url`` fixture); the test plays the engine through its own
-service on the same database.
-Between it and the client sits ``tests/tcp_proxy.py``: a TCP proxy that lets
-each request through, reads the server's whole response, and then drops it
-(closes the client's connection without sending a byte).  The server did the
-work; the client saw nothing.  Nothing here mocks the network.
+OS process, on a real loopback socket, over a real database: one fresh
+database and one server per SQL backend (SQLite and PostgreSQL, as
+``ADMISSION_TEST_BACKEND`` selects), each test in a namespace of its own.  The
+test plays the engine through its own service on the same database.  Between
+client and server sits ``tests/tcp_proxy.py``: a TCP proxy that lets each
+request through, reads the server's whole response, and then drops it (closes
+the client's connection without sending a byte).  The server did the work;
+the client saw nothing.  Nothing here mocks the network.
 
 Each test then counts what the database holds: one command per logical call,
 one admission event per command, and the ids the lost response carried are
@@ -54,6 +55,7 @@ from admission.keys import receipt_token
 from admission.schema import workflow_commands, workflow_history_events, workflow_instances
 from admission.service import AdmissionService
 from admission.sql import SqlStore, create_admission_engine
+from tests.backends import SQL_BACKENDS, PostgresPool, database_url
 from tests.conftest import SUMMARY_LINES
 from tests.processes import WAIT
 from tests.tcp_proxy import Exchange, ProxiedRequest, ResponseDroppingProxy
@@ -161,16 +163,31 @@ def admission_serve(db_url: str) -> Iterator[int]:
     raise RuntimeError(f"admission serve did not start: {log[-2000:]}")
 
 
+@pytest.fixture(scope="module", params=SQL_BACKENDS)
+def server(
+    request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str, int]]:
+    """One ``admission serve`` per backend for the module: (backend, database URL, port).
+
+    Its tests keep apart by namespace, and count only their own namespace's rows.
+    """
+    backend = str(request.param)
+    url = database_url(backend, postgres_pool, tmp_path_factory.mktemp("response-loss"))
+    with admission_serve(url) as port:
+        yield backend, url, port
+
+
 @pytest.fixture
-def served(db_url: str, sql_backend: str) -> Iterator[Served]:
+def served(server: tuple[str, str, int]) -> Iterator[Served]:
     # The server is the deployable one, in its own process; the test plays the
     # engine (starting runs, completing updates) through its own service on
-    # the same database, and counts rows there.
-    store = SqlStore.open(db_url)
-    engine = create_admission_engine(db_url)
+    # the same database, and counts rows there.  Each test has its own proxy.
+    backend, url, port = server
+    store = SqlStore.open(url)
+    engine = create_admission_engine(url)
     try:
-        with admission_serve(db_url) as port, ResponseDroppingProxy(("127.0.0.1", port)) as proxy:
-            yield Served(sql_backend, AdmissionService(store), proxy, engine)
+        with ResponseDroppingProxy(("127.0.0.1", port)) as proxy:
+            yield Served(backend, AdmissionService(store), proxy, engine)
             assert proxy.errors == [], proxy.errors
     finally:
         engine.dispose()
