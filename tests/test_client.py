@@ -554,8 +554,11 @@ def test_failures_pickle_with_their_attributes(backend: Backend) -> None:
     client.signal("order-1", "paid", [1], request_id="k-17")
     with pytest.raises(SignalFailed) as caught:
         client.signal("order-1", "paid", [2], request_id="k-17")
+    with pytest.raises(CommandRejected) as rejected:
+        client.signal("nobody", "paid", request_id="k-17")
     for error in (
         caught.value,
+        rejected.value,
         TransportFailed("lost", request_id="k", attempts=3, status=503),
         InvalidRequest("bad", request_id="k", field="input", reason="input_invalid"),
     ):
