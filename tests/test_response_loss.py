@@ -250,7 +250,7 @@ def assert_one_command_per_call(served: Served, namespace: str, keys: list[tuple
     commands = served.commands(namespace)
     tokens = Counter(token for _, _, token in commands)
     for kind, key in keys:
-        assert tokens[receipt_token(kind, key)] == 1, key  # type: ignore[arg-type]
+        assert tokens[receipt_token(kind, key)] == 1, key
     assert len(commands) == len(keys)
     events = served.events(namespace)
     for command_id, kind, _ in commands:
@@ -464,13 +464,11 @@ def test_a_changed_intent_retry_after_a_lost_response_gets_the_typed_conflict_an
         assert isinstance(error, (SignalFailed, UpdateFailed))
         assert error.reason == "request_id_conflict" and error.status == 409
         assert error.request_id in ("k-signal", "k-update")
-        assert sorted(error.details["conflict"]) == parts  # type: ignore[arg-type]
-        retained = [
-            c
-            for c in commands
-            if c[2] == receipt_token(error.details["retained_command_type"], error.request_id)
-        ]  # type: ignore[arg-type]
-        assert [c[0] for c in retained] == [error.details["retained_command_id"]]
+        conflict, retained_type = error.details["conflict"], error.details["retained_command_type"]
+        assert isinstance(conflict, list) and sorted(conflict) == parts
+        assert retained_type in ("signal", "update") and error.request_id is not None
+        token = receipt_token(retained_type, error.request_id)
+        assert [c[0] for c in commands if c[2] == token] == [error.details["retained_command_id"]]
     client.close()
     # Each conflict was one request (never retried), and nothing was written.
     assert len(served.proxy.exchanges) == exchanges + len(changes)
