@@ -7,6 +7,9 @@ connection is closed without a single byte of it.  The server has done its
 work; the client sees a disconnect before any response, which is exactly the
 lost response a command key exists for (contract §2.7, §7).
 
+A rule can also cut the response instead: the head and part of the body go
+out, then the close (a connection lost in the middle of a response).
+
 Everything is recorded: each exchange (method, path, request body, the
 server's status code from its status line, the response body, and whether it
 was dropped), so a test can count what was lost and read the ids the server
@@ -55,6 +58,7 @@ class Exchange:
 class _Rule:
     remaining: int
     when: Callable[[ProxiedRequest], bool]
+    keep: int | None
 
 
 class ProtocolBroken(Exception):
@@ -163,10 +167,16 @@ class ResponseDroppingProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def drop(self, count: int, when: Callable[[ProxiedRequest], bool] | None = None) -> None:
-        """Drop the next ``count`` responses to requests matching ``when`` (all requests if ``None``)."""
+    def drop(
+        self, count: int, when: Callable[[ProxiedRequest], bool] | None = None, *, keep: int | None = None
+    ) -> None:
+        """Drop the next ``count`` responses to requests matching ``when`` (all requests if ``None``).
+
+        With ``keep``, the response is cut instead: its head and the first
+        ``keep`` bytes of its body are sent, then the connection is closed.
+        """
         with self._lock:
-            self._rules.append(_Rule(count, when or (lambda _request: True)))
+            self._rules.append(_Rule(count, when or (lambda _request: True), keep))
 
     def armed(self) -> int:
         """How many drops are still armed."""
@@ -226,13 +236,13 @@ class ResponseDroppingProxy:
                 self._threads.append(thread)
             thread.start()
 
-    def _should_drop(self, request: ProxiedRequest) -> bool:
+    def _should_drop(self, request: ProxiedRequest) -> _Rule | None:
         # Called with the lock held.
         for rule in self._rules:
             if rule.remaining > 0 and rule.when(request):
                 rule.remaining -= 1
-                return True
-        return False
+                return rule
+        return None
 
     def _serve(self, client: socket.socket) -> None:
         upstream: socket.socket | None = None
@@ -267,11 +277,13 @@ class ResponseDroppingProxy:
                     else:
                         raw, body = _read_body(upstream_in, response_headers, until_close=True)
                     with self._lock:
-                        drop = self._should_drop(request)
+                        rule = self._should_drop(request)
                         number = len(self._exchanges) + 1
-                        self._exchanges.append(Exchange(number, request, status, body, drop))
-                    if drop:
-                        # The server answered; the client gets nothing, only the close.
+                        self._exchanges.append(Exchange(number, request, status, body, rule is not None))
+                    if rule is not None:
+                        # The server answered; the client gets nothing (or a cut response), then the close.
+                        if rule.keep is not None:
+                            client.sendall(b"".join(response_head) + b"\r\n" + raw[: rule.keep])
                         return
                     client.sendall(b"".join(response_head) + b"\r\n" + raw)
                     if response_headers.get("connection", "").lower() == "close":

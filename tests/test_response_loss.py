@@ -552,6 +552,29 @@ def test_encrypted_arguments_retried_by_hand_under_a_new_nonce_are_the_same_inte
     )
 
 
+@pytest.mark.parametrize("keep", [0, 25])
+def test_responses_cut_after_the_head_are_recovered_by_the_automatic_retry(served: Served, keep: int) -> None:
+    namespace = f"loss-cut-{keep}"
+    runs = start_runs(served, namespace)
+    served.proxy.drop(6, when=first_sight(), keep=keep)
+    with served.client(namespace) as client:
+        receipts = [
+            send(client, kind, workflow_id, arguments, runs[workflow_id] if pinned else None)
+            for kind, workflow_id, arguments, pinned in calls(6)
+        ]
+    cut = served.proxy.dropped
+    assert len(cut) == 6 and all(len(e.response_body) > keep for e in cut)  # the client saw a part only
+    for exchange, receipt in zip(cut, receipts, strict=True):
+        assert receipt.retained and receipt.intent_verified
+        assert_same_admission(body(exchange), receipt)
+    keys = [(r.command_type, r.request_id) for r in receipts if r.request_id is not None]
+    in_db = assert_one_command_per_call(served, namespace, keys)
+    SUMMARY_LINES.append(
+        f"response loss [{served.backend}] responses cut after the head and {keep} body bytes: "
+        f"{len(cut)}, recovered {len(receipts)} as retained, commands in db {in_db}"
+    )
+
+
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "client.md"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
