@@ -1,0 +1,994 @@
+"""The durable worker: scoped intake, the fenced write cycle, reconciliation and observation.
+
+Worker contract §1-§3, §5.  Every state change is one transaction that also
+appends its event to ``worker_events``; the state it moves to is looked up
+in :data:`admission.writes.WRITE_TRANSITIONS`, never decided here.  A record
+is committed ``in_flight`` *before* the target is called, so any crash after
+that point is found by the next start and turns the record ``uncertain``,
+which only an exact readback or an operator's ``resolve`` settles.
+
+Ownership (contract §3, docs/worker.md): a local worker holds a non-blocking
+``fcntl.flock`` on a lock file for as long as it owns the queue; every owner
+also claims the queue's lease row, which increments the fencing token.  Every
+update of a record carries the writer's token in ``fence`` and a trigger in
+the database refuses one that is not the current token
+(:class:`~admission.errors.FencedError`).  A claimant takes over a live-looking
+lease only after watching its heartbeat stand still for ``lease_ttl``
+seconds on the claimant's own monotonic clock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, RowMapping
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from admission.encoding import canonical_decode, canonical_encode
+from admission.errors import (
+    BeforeWriteError,
+    FencedError,
+    InvalidRecordError,
+    InvalidValueError,
+    LeaseHeldError,
+    QueueFullError,
+    RecordStateError,
+    ScopeMismatchError,
+    StorageError,
+    TargetTimeoutError,
+    WorkerLockedError,
+)
+from admission.schema import worker_events, worker_leases, worker_queues, worker_records
+from admission.targets import StatusRead, Target, TargetRecord
+from admission.writes import (
+    CONFIRMED,
+    IN_FLIGHT,
+    PREPARED,
+    STATES,
+    UNCERTAIN,
+    WAITING_STATES,
+    after_before_write_error,
+    next_state,
+)
+
+__all__ = [
+    "CRASH_POINTS",
+    "CycleReport",
+    "DurableWorker",
+    "FileLock",
+    "Intake",
+    "PollReport",
+    "Scope",
+    "WorkerLimits",
+    "bounded_text",
+    "write_json_atomically",
+]
+
+CRASH_POINTS: Final = ("before_dispatch", "after_in_flight", "after_target_commit", "after_confirm")
+"""The named points of a send at which the worker calls its ``hook`` (crash tests stop it there)."""
+
+RESERVED_FIELDS: Final = ("source_key", "payload")
+"""Record fields that are not scope fields: the source key and the free payload."""
+
+MAX_CONTENT: Final = 64 * 1024
+"""The largest canonical record the intake accepts, in bytes."""
+
+_FIELD_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_TRUNCATED: Final = "...[truncated]"
+_WRITE_OPTION: Final = "admission_write"
+
+
+def bounded_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, visibly marked when cut (contract §1)."""
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text
+    keep = raw[: max(0, limit - len(_TRUNCATED))].decode("utf-8", "ignore")
+    return keep + _TRUNCATED
+
+
+def write_json_atomically(path: str | os.PathLike[str], payload: object) -> None:
+    """Write JSON to ``path`` so that a reader sees the old file or the new one, never half:
+    a temporary file in the same directory, fsync, rename, fsync of the directory."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """An exact allowlist of field values, e.g. tenant, account, page, form (contract §1).
+
+    ``tenant`` is required: with the source key it forms the intake key.
+    """
+
+    fields: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def parse(cls, value: object) -> Scope:
+        """Validate a JSON object of field -> non-empty string; raise InvalidRecordError naming the field."""
+        if not isinstance(value, Mapping):
+            raise InvalidRecordError("a scope is a JSON object of field names to strings", field="scope")
+        if not 1 <= len(value) <= 16:
+            raise InvalidRecordError("a scope has 1 to 16 fields", field="scope")
+        items = []
+        for name, field_value in value.items():
+            if not isinstance(name, str) or not _FIELD_NAME.match(name) or name in RESERVED_FIELDS:
+                raise InvalidRecordError(
+                    f"scope field {name!r} must be a lower-case name of 1-64 characters, "
+                    f"not {' or '.join(RESERVED_FIELDS)}",
+                    field="scope",
+                )
+            if not isinstance(field_value, str) or not 1 <= len(field_value) <= 255:
+                raise InvalidRecordError("must be a string of 1 to 255 characters", field=f"scope.{name}")
+            items.append((name, field_value))
+        if "tenant" not in value:
+            raise InvalidRecordError("a scope must name its tenant", field="scope.tenant")
+        return cls(tuple(sorted(items)))
+
+    @property
+    def tenant(self) -> str:
+        """The scope's tenant."""
+        return dict(self.fields)["tenant"]
+
+    def as_dict(self) -> dict[str, str]:
+        """The scope as a JSON-able object."""
+        return dict(self.fields)
+
+    def encode(self) -> bytes:
+        """The canonical encoding pinned in the database."""
+        return canonical_encode(self.as_dict())
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    """The bounds of contract §1."""
+
+    max_waiting: int = 128
+    max_attempts: int = 3
+    max_diagnostic: int = 2048
+
+
+@dataclass(frozen=True)
+class Intake:
+    """The answer to ``accept``: ``accepted``, ``duplicate`` (same canonical content) or
+    ``conflict`` (changed content under the same key; nothing written)."""
+
+    outcome: Literal["accepted", "duplicate", "conflict"]
+    write_id: str
+    state: str
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    """What one send/reconcile cycle did."""
+
+    token: int
+    recovered: int = 0
+    reconciled: int = 0
+    still_uncertain: int = 0
+    sent: int = 0
+    confirmed: int = 0
+    retried: int = 0
+    failed_safe: int = 0
+    uncertain: int = 0
+
+
+@dataclass(frozen=True)
+class PollReport:
+    """What one polling pass read (contract §5)."""
+
+    read: int = 0
+    changed: int = 0
+    missing: int = 0
+    failed: int = 0
+
+
+class FileLock:
+    """A non-blocking exclusive ``fcntl.flock`` on a lock file (contract §3).
+
+    The OS drops it when the process dies, however it dies, so a second
+    worker can start exactly when the first is gone.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise WorkerLockedError at once if another process has it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise WorkerLockedError(
+                f"another worker holds {self.path}; only one local worker may own the queue",
+                lock_path=str(self.path),
+            ) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        """Let the lock go."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _no_hook(_point: str) -> None:
+    return None
+
+
+@dataclass
+class _Observation:
+    token: int
+    heartbeat: int
+    seen_at: float
+
+
+@dataclass
+class _Ownership:
+    token: int
+    renewed_at: float
+    lock: FileLock | None = field(default=None)
+
+
+class DurableWorker:
+    """One queue of records for one scope, on a SQLAlchemy engine (SQLite or PostgreSQL).
+
+    ``engine`` must come from :func:`admission.sql.create_admission_engine` on a
+    database at the head revision.  ``lock_path`` is the local file lock
+    (default: next to a SQLite database; none on PostgreSQL, where the lease
+    alone decides; ``file_lock=False`` turns it off).  ``now`` stamps rows; ``monotonic`` decides liveness.
+    ``hook`` is called with each name of :data:`CRASH_POINTS` during a send.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        scope: Scope,
+        *,
+        queue: str = "default",
+        limits: WorkerLimits | None = None,
+        holder: str | None = None,
+        lock_path: str | os.PathLike[str] | None = None,
+        file_lock: bool | None = None,
+        lease_ttl: float = 30.0,
+        now: Callable[[], datetime] = _utcnow,
+        monotonic: Callable[[], float] = time.monotonic,
+        hook: Callable[[str], None] = _no_hook,
+        new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        if not isinstance(queue, str) or not 1 <= len(queue) <= 255:
+            raise InvalidRecordError("must be a string of 1 to 255 characters", field="queue")
+        if lease_ttl <= 0:
+            raise InvalidRecordError("must be positive", field="lease_ttl")
+        self.engine = engine
+        self.scope = scope
+        self.queue = queue
+        self.limits = limits or WorkerLimits()
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_ttl = lease_ttl
+        self._postgres = engine.dialect.name == "postgresql"
+        if file_lock is None:
+            file_lock = lock_path is not None or not self._postgres
+        if file_lock and lock_path is None:
+            if not engine.url.database:
+                raise InvalidRecordError("a file lock needs lock_path on this database", field="lock_path")
+            lock_path = f"{engine.url.database}.{queue}.lock"
+        self.lock_path = Path(lock_path) if file_lock and lock_path is not None else None
+        self._now = now
+        self._monotonic = monotonic
+        self._hook = hook
+        self._new_id = new_id
+        self._observed: _Observation | None = None
+        self._owned: _Ownership | None = None
+        self._open_queue()
+
+    # -- transactions and the one translation boundary --------------------------------------
+
+    @contextmanager
+    def _write(self, connection: Connection | None = None) -> Iterator[Connection]:
+        if connection is not None:
+            # The caller owns the transaction: neither commit nor roll back.
+            with self._translate():
+                yield connection
+            return
+        with self._translate(), self.engine.connect() as conn:
+            conn.execution_options(**{_WRITE_OPTION: True})
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._translate(), self.engine.connect() as conn, conn.begin():
+            yield conn
+
+    @contextmanager
+    def _translate(self) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            if _is_fence_refusal(exc):
+                token = self._owned.token if self._owned else -1
+                raise FencedError(
+                    f"the database refused a write of queue {self.queue!r} with fencing token {token}: "
+                    "another worker has claimed the queue",
+                    queue=self.queue,
+                    token=token,
+                ) from exc
+            if isinstance(exc, (IntegrityError, OperationalError)):
+                raise StorageError(f"the database refused or failed a worker write: {exc.orig}") from exc
+            raise StorageError(f"the database failed: {exc.orig}") from exc
+
+    # -- the queue and its pinned scope (contract §1) -------------------------------------------
+
+    def _open_queue(self) -> None:
+        insert = postgresql.insert if self._postgres else sqlite.insert
+        with self._write() as conn:
+            conn.execute(
+                insert(worker_queues)
+                .values(queue=self.queue, scope=self.scope.encode(), created_at=self._now())
+                .on_conflict_do_nothing(index_elements=["queue"])
+            )
+            conn.execute(
+                insert(worker_leases)
+                .values(queue=self.queue, token=0, holder=None, heartbeat=0, claimed_at=None)
+                .on_conflict_do_nothing(index_elements=["queue"])
+            )
+            pinned = conn.execute(
+                select(worker_queues.c.scope).where(worker_queues.c.queue == self.queue)
+            ).scalar_one()
+        if bytes(pinned) != self.scope.encode():
+            stored = canonical_decode(bytes(pinned))
+            assert isinstance(stored, dict)
+            mine = self.scope.as_dict()
+            differing = sorted(k for k in {*stored, *mine} if stored.get(k) != mine.get(k))
+            raise ScopeMismatchError(
+                f"queue {self.queue!r} is pinned to another scope (differs in {', '.join(differing)}); "
+                "a queue's scope never changes",
+                field=differing[0],
+                queue=self.queue,
+            )
+
+    # -- intake (contract §1) ------------------------------------------------------------------
+
+    def validate(self, record: object) -> tuple[str, bytes]:
+        """Check a record against the scope; return its source key and canonical content.
+
+        Raises InvalidRecordError or ScopeMismatchError naming the field; nothing is written.
+        """
+        if not isinstance(record, Mapping):
+            raise InvalidRecordError("a record is a JSON object", field="record")
+        scope = self.scope.as_dict()
+        for name in record:
+            if name not in scope and name not in RESERVED_FIELDS:
+                raise InvalidRecordError(
+                    f"is not an allowed field (allowed: {', '.join([*scope, *RESERVED_FIELDS])})",
+                    field=str(name),
+                )
+        for name, expected in scope.items():
+            if name not in record:
+                raise InvalidRecordError("is required by the scope", field=name)
+            if record[name] != expected:
+                raise ScopeMismatchError(
+                    f"{name}: the record's value is outside the worker's scope (no fallback)",
+                    field=name,
+                    queue=self.queue,
+                )
+        source_key = record.get("source_key")
+        if not isinstance(source_key, str) or not 1 <= len(source_key) <= 255:
+            raise InvalidRecordError("must be a string of 1 to 255 characters", field="source_key")
+        try:
+            content = canonical_encode(dict(record), max_size=MAX_CONTENT)
+        except InvalidValueError as exc:
+            raise InvalidRecordError(exc.message, field="payload") from exc
+        return source_key, content
+
+    def accept(self, record: object, *, connection: Connection | None = None) -> Intake:
+        """Validate, then commit the record before acknowledging it (contract §1).
+
+        With ``connection`` the write joins the caller's transaction (the outbox
+        relay uses this to move its cursor in the same commit).  Raises
+        QueueFullError past the bound of waiting records.
+        """
+        source_key, content = self.validate(record)
+        tenant = self.scope.tenant
+        records = worker_records.c
+        insert = postgresql.insert if self._postgres else sqlite.insert
+        with self._write(connection) as conn:
+            # Serialises intake per queue, so the bound holds under concurrent producers.
+            conn.execute(
+                select(worker_queues.c.queue).where(worker_queues.c.queue == self.queue).with_for_update()
+            )
+            key = (
+                (records.queue == self.queue)
+                & (records.tenant == tenant)
+                & (records.source_key == source_key)
+            )
+            existing = conn.execute(
+                select(records.write_id, records.content, records.state).where(key)
+            ).first()
+            if existing is not None:
+                same = bytes(existing.content) == content
+                return Intake("duplicate" if same else "conflict", existing.write_id, existing.state)
+            waiting = conn.execute(
+                select(func.count()).where(records.queue == self.queue, records.state.in_(WAITING_STATES))
+            ).scalar_one()
+            if waiting >= self.limits.max_waiting:
+                raise QueueFullError(
+                    f"queue {self.queue!r} already holds {waiting} waiting records "
+                    f"(limit {self.limits.max_waiting}); the record was not accepted, retry later",
+                    queue=self.queue,
+                    limit=self.limits.max_waiting,
+                )
+            write_id = self._new_id()
+            now = self._now()
+            inserted = conn.execute(
+                insert(worker_records)
+                .values(
+                    write_id=write_id,
+                    queue=self.queue,
+                    tenant=tenant,
+                    source_key=source_key,
+                    content=content,
+                    state=PREPARED,
+                    attempts=0,
+                    created_at=now,
+                    updated_at=now,
+                )
+                .on_conflict_do_nothing(index_elements=["queue", "tenant", "source_key"])
+            ).rowcount
+            if not inserted:  # pragma: no cover - the queue row lock above prevents this race
+                raise StorageError("a concurrent intake of the same key; retry")
+            self._event(conn, write_id, "accepted", None, PREPARED, "record accepted", fence=None)
+        return Intake("accepted", write_id, PREPARED)
+
+    # -- ownership (contract §3) ---------------------------------------------------------------
+
+    @contextmanager
+    def owned(self) -> Iterator[int]:
+        """Own the queue for the block: file lock (if any), then a lease claim; yields the token."""
+        if self._owned is not None:
+            yield self._owned.token
+            return
+        self.claim()
+        try:
+            assert self._owned is not None
+            yield self._owned.token
+        finally:
+            self.release()
+
+    def claim(self) -> int:
+        """Take the file lock and claim the lease with a new fencing token.
+
+        A lease held by another holder is taken over only if it was released,
+        or if this claimant has watched its heartbeat stand still for
+        ``lease_ttl`` seconds of its own monotonic clock (a stored time alone
+        never proves an owner dead), or, on SQLite, because the file lock held
+        here proves no other local worker is alive.
+        """
+        lock = FileLock(self.lock_path) if self.lock_path is not None else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            token = self._claim_lease(local_exclusive=lock is not None and not self._postgres)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        self._owned = _Ownership(token, self._monotonic(), lock)
+        return token
+
+    def _claim_lease(self, *, local_exclusive: bool) -> int:
+        leases = worker_leases.c
+        with self._write() as conn:
+            row = (
+                conn.execute(select(worker_leases).where(leases.queue == self.queue).with_for_update())
+                .mappings()
+                .one()
+            )
+            seen = self._monotonic()
+            stale = (
+                self._observed is not None
+                and (self._observed.token, self._observed.heartbeat) == (row["token"], row["heartbeat"])
+                and seen - self._observed.seen_at >= self.lease_ttl
+            )
+            if row["holder"] is not None and not local_exclusive and not stale:
+                if self._observed is None or (self._observed.token, self._observed.heartbeat) != (
+                    row["token"],
+                    row["heartbeat"],
+                ):
+                    self._observed = _Observation(row["token"], row["heartbeat"], seen)
+                raise LeaseHeldError(
+                    f"queue {self.queue!r} is leased to {row['holder']} (token {row['token']}); "
+                    f"it is taken over only after its heartbeat stands still for {self.lease_ttl}s",
+                    queue=self.queue,
+                    holder=row["holder"],
+                    token=row["token"],
+                )
+            token = int(row["token"]) + 1
+            conn.execute(
+                update(worker_leases)
+                .where(leases.queue == self.queue)
+                .values(token=token, holder=self.holder, heartbeat=0, claimed_at=self._now())
+            )
+        self._observed = None
+        return token
+
+    def renew(self) -> None:
+        """Bump the heartbeat under the current token; FencedError if the lease was taken."""
+        owned = self._require_owned()
+        with self._write() as conn:
+            renewed = conn.execute(
+                update(worker_leases)
+                .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
+                .values(heartbeat=worker_leases.c.heartbeat + 1)
+            ).rowcount
+        if not renewed:
+            raise FencedError(
+                f"the lease of queue {self.queue!r} is no longer token {owned.token}",
+                queue=self.queue,
+                token=owned.token,
+            )
+        owned.renewed_at = self._monotonic()
+
+    def release(self) -> None:
+        """Give the lease up (if still ours) and drop the file lock."""
+        owned = self._owned
+        if owned is None:
+            return
+        self._owned = None
+        try:
+            with self._write() as conn:
+                conn.execute(
+                    update(worker_leases)
+                    .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
+                    .values(holder=None)
+                )
+        finally:
+            if owned.lock is not None:
+                owned.lock.release()
+
+    def _require_owned(self) -> _Ownership:
+        if self._owned is None:
+            raise RecordStateError("the worker does not own its queue", write_id=None, state=None)
+        return self._owned
+
+    def _keep_lease(self) -> None:
+        # Renew at half the ttl, so a claimant (who waits a whole ttl after the
+        # heartbeat stops) never sees a live owner as stale.
+        owned = self._require_owned()
+        if self._monotonic() - owned.renewed_at >= self.lease_ttl / 2:
+            self.renew()
+
+    # -- the write cycle (contract §2) -------------------------------------------------------------
+
+    def run_once(self, target: Target) -> CycleReport:
+        """One send/reconcile cycle under ownership.
+
+        First ``in_flight`` records (left by a crash: this worker finishes its
+        own sends within the cycle) become ``uncertain``; then every
+        ``uncertain`` record is read back and confirmed only by an exact match;
+        then ``prepared`` records are sent, each committed ``in_flight`` before
+        the target is called.
+        """
+        with self.owned() as token:
+            counts = {"recovered": 0, "reconciled": 0, "still_uncertain": 0, "sent": 0}
+            outcomes = {"confirmed": 0, "retried": 0, "failed_safe": 0, "uncertain": 0}
+            for row in self._rows(IN_FLIGHT):
+                self._transition(row, "crash_found", "found in_flight at start: the send may have landed")
+                counts["recovered"] += 1
+            for row in self._rows(UNCERTAIN):
+                if self._reconcile(target, row):
+                    counts["reconciled"] += 1
+                else:
+                    counts["still_uncertain"] += 1
+            for row in self._rows(PREPARED):
+                counts["sent"] += 1
+                outcomes[self._send(target, row)] += 1
+            return CycleReport(token, **counts, **outcomes)
+
+    def _rows(self, state: str) -> list[RowMapping]:
+        records = worker_records.c
+        with self._read() as conn:
+            return list(
+                conn.execute(
+                    select(worker_records)
+                    .where(records.queue == self.queue, records.state == state)
+                    .order_by(records.id)
+                ).mappings()
+            )
+
+    def _reconcile(self, target: Target, row: RowMapping) -> bool:
+        try:
+            answer = target.read_back(row["write_id"])
+        except Exception:
+            return False
+        # Only a positive exact readback with the same write_id confirms (contract §2);
+        # missing, unknown or different content leaves the record uncertain.
+        if (
+            answer.kind != "found"
+            or answer.write_id != row["write_id"]
+            or answer.content != bytes(row["content"])
+        ):
+            return False
+        self._keep_lease()
+        self._transition(row, "readback_found", "exact readback of the same write_id")
+        return True
+
+    def _send(self, target: Target, row: RowMapping) -> str:
+        self._hook("before_dispatch")
+        self._keep_lease()
+        attempts = int(row["attempts"]) + 1
+        flight = self._transition(row, "dispatch", f"attempt {attempts}", values={"attempts": attempts})
+        self._hook("after_in_flight")
+        record = TargetRecord(row["write_id"], row["tenant"], row["source_key"], bytes(row["content"]))
+        try:
+            target.write(record)
+        except BeforeWriteError as exc:
+            event = after_before_write_error(attempts, self.limits.max_attempts)
+            self._transition(flight, event, f"before-write error: {exc}", diagnostic=str(exc))
+            return "retried" if event == "before_write_error" else "failed_safe"
+        except TargetTimeoutError as exc:
+            self._transition(flight, "timeout", "the target did not answer in time", diagnostic=str(exc))
+            return "uncertain"
+        except Exception as exc:
+            self._transition(flight, "error", f"{type(exc).__name__} during the write", diagnostic=repr(exc))
+            return "uncertain"
+        self._hook("after_target_commit")
+        self._transition(flight, "acknowledged", "the target acknowledged the write")
+        self._hook("after_confirm")
+        return "confirmed"
+
+    # -- state changes: one transaction, one event ------------------------------------------------
+
+    def _fence(self, conn: Connection) -> int:
+        if self._owned is not None:
+            return self._owned.token
+        # An operator's write (resolve, observe) outside a worker cycle carries the
+        # token current in its own transaction: it never races a claim.
+        token = conn.execute(
+            select(worker_leases.c.token).where(worker_leases.c.queue == self.queue).with_for_update()
+        ).scalar_one()
+        return int(token)
+
+    def _transition(
+        self,
+        row: RowMapping,
+        event: str,
+        reason: str,
+        *,
+        actor: str | None = None,
+        diagnostic: str | None = None,
+        values: Mapping[str, object] | None = None,
+    ) -> RowMapping:
+        state = row["state"]
+        new_state = next_state(state, event)
+        if new_state is None:
+            raise RecordStateError(
+                f"record {row['write_id']} is {state}; {event} is not allowed there",
+                write_id=row["write_id"],
+                state=state,
+            )
+        changes: dict[str, Any] = {"state": new_state, "updated_at": self._now(), **(values or {})}
+        if diagnostic is not None:
+            changes["diagnostic"] = bounded_text(diagnostic, self.limits.max_diagnostic)
+        with self._write() as conn:
+            fence = self._fence(conn)
+            changed = conn.execute(
+                update(worker_records)
+                .where(worker_records.c.write_id == row["write_id"], worker_records.c.state == state)
+                .values(**changes, fence=fence)
+            ).rowcount
+            if not changed:
+                raise RecordStateError(
+                    f"record {row['write_id']} is no longer {state}", write_id=row["write_id"], state=None
+                )
+            self._event(conn, row["write_id"], event, state, new_state, reason, fence=fence, actor=actor)
+        return {**row, **changes, "fence": fence}  # type: ignore[return-value]
+
+    def _event(
+        self,
+        conn: Connection,
+        write_id: str | None,
+        event_type: str,
+        from_state: str | None,
+        to_state: str | None,
+        reason: str,
+        *,
+        fence: int | None,
+        actor: str | None = None,
+    ) -> None:
+        conn.execute(
+            worker_events.insert().values(
+                queue=self.queue,
+                write_id=write_id,
+                event_type=event_type,
+                from_state=from_state,
+                to_state=to_state,
+                reason=bounded_text(reason, self.limits.max_diagnostic),
+                actor=actor,
+                fence=fence,
+                recorded_at=self._now(),
+            )
+        )
+
+    # -- the operator (contract §2) --------------------------------------------------------------
+
+    def resolve(self, write_id: str, decision: str, *, actor: str, reason: str) -> str:
+        """Settle an ``uncertain`` record by an operator's decision, recorded with who and why.
+
+        ``decision`` is ``confirm``, ``failed_safe`` or ``release`` (back to
+        ``prepared`` for another send, with its attempts counted afresh).
+        Returns the new state.
+        """
+        events = {
+            "confirm": "resolve_confirm",
+            "failed_safe": "resolve_failed_safe",
+            "release": "resolve_release",
+        }
+        if decision not in events:
+            raise InvalidRecordError(f"must be one of {', '.join(events)}", field="decision")
+        if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
+            raise InvalidRecordError("must name who decides (1 to 255 characters)", field="actor")
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidRecordError("must say why", field="reason")
+        row = self.get(write_id)
+        values = {"attempts": 0} if decision == "release" else None
+        updated = self._transition(row, events[decision], reason, actor=actor, values=values)
+        return str(updated["state"])
+
+    # -- observation (contract §5) ---------------------------------------------------------------
+
+    def observe(self, write_id: str, snapshot: object = None, *, missing: bool = False) -> bool:
+        """Store the latest status snapshot of a confirmed record; True if it changed.
+
+        Only a changed snapshot makes an event.  ``missing=True`` says the
+        target positively no longer has the row: the record becomes
+        ``confirmed_then_missing`` and is never recreated.
+        """
+        row = self.get(write_id)
+        if missing:
+            self._apply_read(row, StatusRead("missing", write_id))
+            return True
+        try:
+            canonical_encode(snapshot, max_size=MAX_CONTENT)
+        except InvalidValueError as exc:
+            raise InvalidRecordError(exc.message, field="snapshot") from exc
+        return self._apply_read(row, StatusRead("found", write_id, snapshot))
+
+    def poll_status(self, target: Target, limit: int = 100) -> PollReport:
+        """One fair, bounded polling pass: at most ``limit`` (1-1000) confirmed records,
+        oldest-polled first (never polled first of all)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidRecordError("must be an integer from 1 to 1000", field="poll_limit")
+        records = worker_records.c
+        with self.owned():
+            with self._read() as conn:
+                rows = list(
+                    conn.execute(
+                        select(worker_records)
+                        .where(records.queue == self.queue, records.state == CONFIRMED)
+                        .order_by(records.polled_at.asc().nulls_first(), records.id)
+                        .limit(limit)
+                    ).mappings()
+                )
+            if not rows:
+                return PollReport()
+            try:
+                reads = target.observe_status([r["write_id"] for r in rows])
+            except Exception as exc:
+                reads = [StatusRead("unknown", r["write_id"], detail=repr(exc)) for r in rows]
+            by_id = {read.write_id: read for read in reads}
+            tally = {"read": 0, "changed": 0, "missing": 0, "failed": 0}
+            for row in rows:
+                read = by_id.get(row["write_id"], StatusRead("unknown", row["write_id"], detail="no answer"))
+                self._keep_lease()
+                changed = self._apply_read(row, read)
+                tally["read"] += 1
+                if read.kind == "missing":
+                    tally["missing"] += 1
+                elif read.kind == "unknown":
+                    tally["failed"] += 1
+                elif changed:
+                    tally["changed"] += 1
+            return PollReport(**tally)
+
+    def _apply_read(self, row: RowMapping, read: StatusRead) -> bool:
+        write_id = row["write_id"]
+        if row["state"] != CONFIRMED:
+            raise RecordStateError(
+                f"record {write_id} is {row['state']}; only confirmed records are observed",
+                write_id=write_id,
+                state=row["state"],
+            )
+        if read.kind == "missing":
+            self._transition(
+                row, "observed_missing", "the target no longer has the row", values={"polled_at": self._now()}
+            )
+            return True
+        records = worker_records.c
+        now = self._now()
+        with self._write() as conn:
+            fence = self._fence(conn)
+            where = (records.write_id == write_id) & (records.state == CONFIRMED)
+            if read.kind == "unknown":
+                # Keep the snapshot; record poll-health once per failing streak (deduplicated).
+                conn.execute(
+                    update(worker_records)
+                    .where(where)
+                    .values(polled_at=now, poll_health="failing", fence=fence)
+                )
+                if row["poll_health"] != "failing":
+                    detail = f"status read failed: {read.detail}" if read.detail else "status read failed"
+                    self._event(conn, write_id, "poll_failed", CONFIRMED, CONFIRMED, detail, fence=fence)
+                return False
+            encoded = canonical_encode(read.snapshot, max_size=MAX_CONTENT)
+            changed = row["snapshot"] is None or bytes(row["snapshot"]) != encoded
+            conn.execute(
+                update(worker_records)
+                .where(where)
+                .values(snapshot=encoded, polled_at=now, poll_health="ok", fence=fence, updated_at=now)
+            )
+            if row["poll_health"] == "failing":
+                self._event(
+                    conn, write_id, "poll_recovered", CONFIRMED, CONFIRMED, "status read again", fence=fence
+                )
+            if changed:
+                self._event(
+                    conn,
+                    write_id,
+                    "status_changed",
+                    CONFIRMED,
+                    CONFIRMED,
+                    "a new status snapshot",
+                    fence=fence,
+                )
+            return changed
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def get(self, write_id: str) -> RowMapping:
+        """The record row with this ``write_id`` in this queue; RecordStateError if there is none."""
+        records = worker_records.c
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    select(worker_records).where(records.write_id == write_id, records.queue == self.queue)
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise RecordStateError(
+                f"no record {write_id!r} in queue {self.queue!r}", write_id=write_id, state=None
+            )
+        return row
+
+    def find(self, source_key: str) -> RowMapping:
+        """The record accepted under ``source_key`` for the scope's tenant."""
+        records = worker_records.c
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    select(worker_records).where(
+                        records.queue == self.queue,
+                        records.tenant == self.scope.tenant,
+                        records.source_key == source_key,
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        if row is None:
+            raise RecordStateError(f"no record with source key {source_key!r}", write_id=None, state=None)
+        return row
+
+    def events(self, write_id: str | None = None) -> list[dict[str, object]]:
+        """The queue's events (or one record's), oldest first, JSON-able."""
+        query = select(worker_events).where(worker_events.c.queue == self.queue)
+        if write_id is not None:
+            query = query.where(worker_events.c.write_id == write_id)
+        with self._read() as conn:
+            rows = conn.execute(query.order_by(worker_events.c.position)).mappings().all()
+        return [
+            {**{k: v for k, v in r.items() if k != "recorded_at"}, "recorded_at": _iso(r["recorded_at"])}
+            for r in rows
+        ]
+
+    def status(self, *, records: bool = True) -> dict[str, object]:
+        """A JSON-able snapshot of the queue: scope, lease, counts per state, records."""
+        table = worker_records.c
+        with self._read() as conn:
+            counts: dict[str, int] = dict(
+                conn.execute(
+                    select(table.state, func.count()).where(table.queue == self.queue).group_by(table.state)
+                ).all()
+            )
+            lease = (
+                conn.execute(select(worker_leases).where(worker_leases.c.queue == self.queue))
+                .mappings()
+                .one()
+            )
+            rows = (
+                conn.execute(select(worker_records).where(table.queue == self.queue).order_by(table.id))
+                .mappings()
+                .all()
+                if records
+                else []
+            )
+        payload: dict[str, object] = {
+            "queue": self.queue,
+            "scope": self.scope.as_dict(),
+            "lease": {"token": lease["token"], "holder": lease["holder"], "heartbeat": lease["heartbeat"]},
+            "counts": {state: int(counts.get(state, 0)) for state in STATES},
+        }
+        if records:
+            payload["records"] = [
+                {
+                    "write_id": r["write_id"],
+                    "source_key": r["source_key"],
+                    "state": r["state"],
+                    "attempts": r["attempts"],
+                    "diagnostic": r["diagnostic"],
+                    "snapshot": None if r["snapshot"] is None else canonical_decode(bytes(r["snapshot"])),
+                    "poll_health": r["poll_health"],
+                    "polled_at": None if r["polled_at"] is None else _iso(r["polled_at"]),
+                }
+                for r in rows
+            ]
+        return payload
+
+    def export_status(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`status` to ``path`` atomically (temporary file, fsync, rename)."""
+        write_json_atomically(path, self.status())
+
+
+def _iso(value: datetime | str) -> str:
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return (value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)).isoformat()
+
+
+def _is_fence_refusal(exc: DBAPIError) -> bool:
+    # Matched by the trigger's constraint name on PostgreSQL; SQLite's RAISE
+    # carries only a message, which the trigger starts with the same name.
+    diag = getattr(exc.orig, "diag", None)
+    if diag is not None:
+        return getattr(diag, "constraint_name", None) == "worker_fence"
+    return str(exc.orig).startswith("worker_fence")
