@@ -275,6 +275,7 @@ class DurableWorker:
     (default: next to a SQLite database; none on PostgreSQL, where the lease
     alone decides; ``file_lock=False`` turns it off).  ``now`` stamps rows; ``monotonic`` decides liveness.
     ``hook`` is called with each name of :data:`CRASH_POINTS` during a send.
+    ``claim_wait`` is how long :meth:`claim` keeps trying a held lease.
     """
 
     def __init__(
@@ -288,6 +289,7 @@ class DurableWorker:
         lock_path: str | os.PathLike[str] | None = None,
         file_lock: bool | None = None,
         lease_ttl: float = 30.0,
+        claim_wait: float = 0.0,
         now: Callable[[], datetime] = _utcnow,
         monotonic: Callable[[], float] = time.monotonic,
         hook: Callable[[str], None] = _no_hook,
@@ -303,6 +305,7 @@ class DurableWorker:
         self.limits = limits or WorkerLimits()
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ttl = lease_ttl
+        self.claim_wait = claim_wait
         self._postgres = engine.dialect.name == "postgresql"
         if file_lock is None:
             file_lock = lock_path is not None or not self._postgres
@@ -505,8 +508,18 @@ class DurableWorker:
         lock = FileLock(self.lock_path) if self.lock_path is not None else None
         if lock is not None:
             lock.acquire()
+        deadline = self._monotonic() + self.claim_wait
         try:
-            token = self._claim_lease(local_exclusive=lock is not None and not self._postgres)
+            while True:
+                try:
+                    token = self._claim_lease(local_exclusive=lock is not None and not self._postgres)
+                    break
+                except LeaseHeldError:
+                    # ``claim_wait`` lets a claimant watch a dead owner's heartbeat
+                    # stand still for the ttl, then take over.
+                    if self._monotonic() >= deadline:
+                        raise
+                    time.sleep(min(self.lease_ttl / 4, max(0.0, deadline - self._monotonic()), 1.0))
         except BaseException:
             if lock is not None:
                 lock.release()
