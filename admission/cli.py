@@ -426,6 +426,7 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
         hook=_stop_hook,
         lease_ttl=args.lease_ttl,
         claim_wait=args.wait,
+        send_batch=getattr(args, "send_batch", 1),
     )
 
 
@@ -565,6 +566,12 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         if target:
             parser.add_argument("--target", metavar="FILE", help="the SQLite target database")
             parser.add_argument("--fault", choices=FAULTS, help="inject a fault into every write")
+            parser.add_argument(
+                "--send-batch",
+                type=int,
+                default=1,
+                help="records put in flight per commit (1; more is faster, see docs/worker.md)",
+            )
         return parser
 
     accept = common("accept", "accept a record into the queue")

@@ -126,19 +126,28 @@ class SqliteTarget:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._conn: sqlite3.Connection | None = None
+        self._pid = os.getpid()
         with self._connect() as conn:
             conn.executescript(_SCHEMA)
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        # Autocommit: every statement is its own durable transaction.
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
+        # One connection, kept open as a real adapter keeps its session (and
+        # reopened in a forked child).  Autocommit: every statement is its
+        # own durable transaction.
+        if self._conn is None or self._pid != os.getpid():
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            yield conn
-        finally:
-            conn.close()
+            self._conn, self._pid = conn, os.getpid()
+        yield self._conn
+
+    def close(self) -> None:
+        """Close the target's connection (it reopens on the next call)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def write(self, record: TargetRecord) -> None:
         """Insert the row and commit; a second row for the same ``write_id`` is refused and counted."""

@@ -89,6 +89,7 @@ MAX_CONTENT: Final = 64 * 1024
 
 _FIELD_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _TRUNCATED: Final = "...[truncated]"
+_ACKNOWLEDGED: Final = "the target acknowledged the write"
 _WRITE_OPTION: Final = "admission_write"
 
 
@@ -276,6 +277,9 @@ class DurableWorker:
     alone decides; ``file_lock=False`` turns it off).  ``now`` stamps rows; ``monotonic`` decides liveness.
     ``hook`` is called with each name of :data:`CRASH_POINTS` during a send.
     ``claim_wait`` is how long :meth:`claim` keeps trying a held lease.
+    ``send_batch`` records are put in flight per commit (default 1): more is
+    faster, but a crash then leaves up to that many records ``uncertain``,
+    some of them never sent (docs/worker.md).
     """
 
     def __init__(
@@ -290,6 +294,7 @@ class DurableWorker:
         file_lock: bool | None = None,
         lease_ttl: float = 30.0,
         claim_wait: float = 0.0,
+        send_batch: int = 1,
         now: Callable[[], datetime] = _utcnow,
         monotonic: Callable[[], float] = time.monotonic,
         hook: Callable[[str], None] = _no_hook,
@@ -306,6 +311,9 @@ class DurableWorker:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_ttl = lease_ttl
         self.claim_wait = claim_wait
+        if isinstance(send_batch, bool) or not isinstance(send_batch, int) or not 1 <= send_batch <= 1000:
+            raise InvalidRecordError("must be an integer from 1 to 1000", field="send_batch")
+        self.send_batch = send_batch
         self._postgres = engine.dialect.name == "postgresql"
         if file_lock is None:
             file_lock = lock_path is not None or not self._postgres
@@ -631,9 +639,34 @@ class DurableWorker:
                     counts["reconciled"] += 1
                 else:
                     counts["still_uncertain"] += 1
-            for row in self._rows(PREPARED):
-                counts["sent"] += 1
-                outcomes[self._send(target, row)] += 1
+            # Records the target acknowledged are confirmed in the same commit that
+            # puts the next batch in flight (docs/worker.md: one queue commit per
+            # batch).  Until then they are in_flight with their writes landed: a
+            # crash leaves them for the next start to find uncertain and confirm
+            # by readback, never to send again.
+            acknowledged: list[RowMapping] = []
+            prepared = self._rows(PREPARED)
+            for start in range(0, len(prepared), self.send_batch):
+                batch = prepared[start : start + self.send_batch]
+                self._hook("before_dispatch")
+                self._keep_lease()
+                flights = self._dispatch(batch, acknowledged)
+                if acknowledged:
+                    outcomes["confirmed"] += len(acknowledged)
+                    self._hook("after_confirm")
+                acknowledged = []
+                for flight in flights:
+                    counts["sent"] += 1
+                    outcome = self._send(target, flight)
+                    if outcome == "acknowledged":
+                        acknowledged.append(flight)
+                    else:
+                        outcomes[outcome] += 1
+            if acknowledged:
+                with self._write() as conn:
+                    self._step_many(conn, self._fence(conn), acknowledged, "acknowledged", _ACKNOWLEDGED)
+                outcomes["confirmed"] += len(acknowledged)
+                self._hook("after_confirm")
             return CycleReport(token, **counts, **outcomes)
 
     def _rows(self, state: str) -> list[RowMapping]:
@@ -664,13 +697,21 @@ class DurableWorker:
         self._transition(row, "readback_found", "exact readback of the same write_id")
         return True
 
-    def _send(self, target: Target, row: RowMapping) -> str:
-        self._hook("before_dispatch")
-        self._keep_lease()
-        attempts = int(row["attempts"]) + 1
-        flight = self._transition(row, "dispatch", f"attempt {attempts}", values={"attempts": attempts})
+    def _dispatch(self, batch: list[RowMapping], acknowledged: list[RowMapping]) -> list[RowMapping]:
+        # One commit: confirm what the target acknowledged, and put the batch in
+        # flight (with its attempt counted) before any of it is sent (contract §2).
+        with self._write() as conn:
+            fence = self._fence(conn)
+            if acknowledged:
+                self._step_many(conn, fence, acknowledged, "acknowledged", _ACKNOWLEDGED)
+            return self._step_many(conn, fence, batch, "dispatch", "sending", count_attempt=True)
+
+    def _send(self, target: Target, flight: RowMapping) -> str:
         self._hook("after_in_flight")
-        record = TargetRecord(row["write_id"], row["tenant"], row["source_key"], bytes(row["content"]))
+        attempts = int(flight["attempts"])
+        record = TargetRecord(
+            flight["write_id"], flight["tenant"], flight["source_key"], bytes(flight["content"])
+        )
         try:
             target.write(record)
         except BeforeWriteError as exc:
@@ -680,13 +721,11 @@ class DurableWorker:
         except TargetTimeoutError as exc:
             self._transition(flight, "timeout", "the target did not answer in time", diagnostic=str(exc))
             return "uncertain"
-        except Exception as exc:
+        except Exception as exc:  # any other failure may have landed (contract §2)
             self._transition(flight, "error", f"{type(exc).__name__} during the write", diagnostic=repr(exc))
             return "uncertain"
         self._hook("after_target_commit")
-        self._transition(flight, "acknowledged", "the target acknowledged the write")
-        self._hook("after_confirm")
-        return "confirmed"
+        return "acknowledged"
 
     # -- state changes: one transaction, one event ------------------------------------------------
 
@@ -710,6 +749,25 @@ class DurableWorker:
         diagnostic: str | None = None,
         values: Mapping[str, object] | None = None,
     ) -> RowMapping:
+        """Move ``row`` by ``event`` in one transaction with its event."""
+        with self._write() as conn:
+            fence = self._fence(conn)
+            return self._step(
+                conn, fence, row, event, reason, actor=actor, diagnostic=diagnostic, values=values
+            )
+
+    def _step(
+        self,
+        conn: Connection,
+        fence: int,
+        row: RowMapping,
+        event: str,
+        reason: str,
+        *,
+        actor: str | None = None,
+        diagnostic: str | None = None,
+        values: Mapping[str, object] | None = None,
+    ) -> RowMapping:
         state = row["state"]
         new_state = next_state(state, event)
         if new_state is None:
@@ -721,19 +779,75 @@ class DurableWorker:
         changes: dict[str, Any] = {"state": new_state, "updated_at": self._now(), **(values or {})}
         if diagnostic is not None:
             changes["diagnostic"] = bounded_text(diagnostic, self.limits.max_diagnostic)
-        with self._write() as conn:
-            fence = self._fence(conn)
-            changed = conn.execute(
-                update(worker_records)
-                .where(worker_records.c.write_id == row["write_id"], worker_records.c.state == state)
-                .values(**changes, fence=fence)
-            ).rowcount
-            if not changed:
-                raise RecordStateError(
-                    f"record {row['write_id']} is no longer {state}", write_id=row["write_id"], state=None
-                )
-            self._event(conn, row["write_id"], event, state, new_state, reason, fence=fence, actor=actor)
+        # Guarded by the previous state; the fencing trigger checks ``fence`` (contract §3).
+        changed = conn.execute(
+            update(worker_records)
+            .where(worker_records.c.write_id == row["write_id"], worker_records.c.state == state)
+            .values(**changes, fence=fence)
+        ).rowcount
+        if not changed:
+            raise RecordStateError(
+                f"record {row['write_id']} is no longer {state}", write_id=row["write_id"], state=None
+            )
+        self._event(conn, row["write_id"], event, state, new_state, reason, fence=fence, actor=actor)
         return {**row, **changes, "fence": fence}  # type: ignore[return-value]
+
+    def _step_many(
+        self,
+        conn: Connection,
+        fence: int,
+        rows: list[RowMapping],
+        event: str,
+        reason: str,
+        *,
+        count_attempt: bool = False,
+    ) -> list[RowMapping]:
+        # The same transition for rows that are all in one state: one UPDATE and
+        # one multi-row INSERT of events, whatever the batch size.
+        state = rows[0]["state"]
+        new_state = next_state(state, event)
+        if new_state is None or any(r["state"] != state for r in rows):
+            raise RecordStateError(f"{event} is not allowed from {state}", write_id=None, state=state)
+        now = self._now()
+        records = worker_records.c
+        values: dict[str, Any] = {"state": new_state, "updated_at": now, "fence": fence}
+        if count_attempt:
+            values["attempts"] = records.attempts + 1
+        ids = [r["write_id"] for r in rows]
+        changed = conn.execute(
+            update(worker_records).where(records.write_id.in_(ids), records.state == state).values(**values)
+        ).rowcount
+        if changed != len(ids):
+            raise RecordStateError(
+                f"records changed state under the worker ({event})", write_id=None, state=state
+            )
+        conn.execute(
+            worker_events.insert(),
+            [
+                {
+                    "queue": self.queue,
+                    "write_id": write_id,
+                    "event_type": event,
+                    "from_state": state,
+                    "to_state": new_state,
+                    "reason": reason,
+                    "actor": None,
+                    "fence": fence,
+                    "recorded_at": now,
+                }
+                for write_id in ids
+            ],
+        )
+        return [
+            {
+                **r,
+                "state": new_state,
+                "updated_at": now,
+                "fence": fence,
+                "attempts": int(r["attempts"]) + (1 if count_attempt else 0),
+            }  # type: ignore[misc]
+            for r in rows
+        ]
 
     def _event(
         self,

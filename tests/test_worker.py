@@ -269,6 +269,40 @@ def test_a_record_left_in_flight_is_uncertain_at_the_next_start(engine: Engine, 
     assert worker.get(write_id)["state"] == "uncertain"
 
 
+def test_a_crash_inside_a_send_batch_leaves_the_whole_batch_uncertain_and_unsent(
+    engine: Engine, target: SqliteTarget
+) -> None:
+    class Stop(BaseException):
+        pass
+
+    def crash(point: str) -> None:
+        if point == "after_in_flight":
+            raise Stop
+
+    worker = worker_on(engine, hook=crash, send_batch=4)
+    ids = [worker.accept(record(f"k{i}")).write_id for i in range(6)]
+    with pytest.raises(Stop):
+        worker.run_once(target)
+    assert [worker.get(i)["state"] for i in ids] == ["in_flight"] * 4 + ["prepared"] * 2
+    counting = Counting(target)
+    report = worker_on(engine, send_batch=4).run_once(counting)
+    assert (report.recovered, report.still_uncertain, report.confirmed, counting.writes) == (4, 4, 2, 2)
+    assert sorted(target.write_ids()) == sorted(ids[4:])
+
+
+def test_batched_sends_confirm_every_record_once(engine: Engine, target: SqliteTarget) -> None:
+    worker = worker_on(engine, send_batch=3)
+    ids = [worker.accept(record(f"k{i}")).write_id for i in range(7)]
+    report = worker.run_once(target)
+    assert (report.sent, report.confirmed) == (7, 7)
+    assert sorted(target.write_ids()) == sorted(ids)
+    assert all(
+        [e["event_type"] for e in worker.events(i)] == ["accepted", "dispatch", "acknowledged"] for i in ids
+    )
+    with pytest.raises(InvalidRecordError):
+        worker_on(engine, send_batch=0)
+
+
 # -- ownership (contract §3) ---------------------------------------------------------------------
 
 

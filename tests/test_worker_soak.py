@@ -76,7 +76,7 @@ def test_a_thousand_records_through_random_faults_and_restarts(tmp_path: Path) -
             raise Crash(point)
 
     def new_worker() -> DurableWorker:
-        return DurableWorker(engine, SCOPE, file_lock=False, hook=hook)
+        return DurableWorker(engine, SCOPE, file_lock=False, hook=hook, send_batch=rng.choice([1, 8]))
 
     worker = new_worker()
     keys = [f"lead-{i}" for i in range(RECORDS)]
