@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from admission.encoding import canonical_decode, canonical_encode
-from admission.errors import InvalidRecordError, QueueFullError, StorageError
+from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
 from admission.schema import outbox_cursors
 from admission.sql import SqlStore
 from admission.store import EventCursor, EventRow
@@ -93,21 +93,34 @@ def read_cursor(connection: Connection, consumer: str) -> EventCursor:
 
 @dataclass(frozen=True)
 class RelayReport:
-    """What one relay pass did: events read, records accepted, duplicates, conflicts, and
-    whether it stopped early because the worker's queue was full (nothing dropped)."""
+    """What one relay pass did: events read, records accepted, duplicates, conflicts,
+    entries the worker refused (recorded as ``intake_refused`` events), and whether it
+    stopped early because the worker's queue was full (nothing dropped)."""
 
     read: int = 0
     accepted: int = 0
     duplicates: int = 0
     conflicts: int = 0
+    refused: int = 0
     blocked: bool = False
+
+
+def _report(tally: dict[str, int], *, blocked: bool) -> RelayReport:
+    return RelayReport(
+        tally["read"], tally["accepted"], tally["duplicate"], tally["conflict"], tally["refused"], blocked
+    )
+
+
+def _no_hook(_point: str) -> None:
+    return None
 
 
 class OutboxRelay:
     """Moves outbox entries for one target from the event log into a worker's intake.
 
     The worker must be on the store's database: the accept and the cursor
-    move share one transaction.  A conflicting entry (changed content under a
+    move share one transaction (``hook("before_commit")`` is called inside it,
+    for crash tests).  A conflicting entry (changed content under a
     key already accepted) is passed over and counted, as the worker contract
     refuses it; a full queue stops the pass before the entry, which is read
     again next time.
@@ -121,6 +134,7 @@ class OutboxRelay:
         target: str,
         consumer: str | None = None,
         now: Callable[[], datetime] = _utcnow,
+        hook: Callable[[str], None] = _no_hook,
     ) -> None:
         if worker.engine.url != store.engine.url:
             raise InvalidRecordError("the worker must be on the store's database", field="worker")
@@ -129,6 +143,7 @@ class OutboxRelay:
         self.target = target
         self.consumer = consumer or f"worker:{worker.queue}:{target}"
         self._now = now
+        self._hook = hook
 
     def cursor(self) -> EventCursor:
         """Where this relay stands."""
@@ -137,32 +152,36 @@ class OutboxRelay:
 
     def pump(self, limit: int = 100) -> RelayReport:
         """One pass over at most ``limit`` events after the cursor."""
-        tally = {"read": 0, "accepted": 0, "duplicates": 0, "conflicts": 0}
+        tally = {"read": 0, "accepted": 0, "duplicate": 0, "conflict": 0, "refused": 0}
         for event in self.store.read_events(self.cursor(), limit):
             try:
                 with self.store.begin() as conn:
                     self._advance(conn, event)
-                    tally["read"] += 1
-                    if event.event_type != OUTBOX_EVENT:
-                        continue
-                    entry = canonical_decode(event.payload)
-                    if not isinstance(entry, dict) or entry.get("target") != self.target:
-                        continue
-                    content = entry["content"]
-                    assert isinstance(content, dict)
-                    answer = self.worker.accept(
-                        {**content, "source_key": entry["source_key"]}, connection=conn
-                    )
-                    tally[
-                        {"accepted": "accepted", "duplicate": "duplicates", "conflict": "conflicts"}[
-                            answer.outcome
-                        ]
-                    ] += 1
+                    outcome = self._relay(conn, event)
+                    self._hook("before_commit")
             except QueueFullError:
-                return RelayReport(
-                    tally["read"], tally["accepted"], tally["duplicates"], tally["conflicts"], blocked=True
-                )
-        return RelayReport(tally["read"], tally["accepted"], tally["duplicates"], tally["conflicts"])
+                return _report(tally, blocked=True)
+            tally["read"] += 1
+            if outcome is not None:
+                tally[outcome] += 1
+        return _report(tally, blocked=False)
+
+    def _relay(self, conn: Connection, event: EventRow) -> str | None:
+        if event.event_type != OUTBOX_EVENT:
+            return None
+        entry = canonical_decode(event.payload)
+        if not isinstance(entry, dict) or entry.get("target") != self.target:
+            return None
+        content = entry.get("content")
+        source_key = entry.get("source_key")
+        record = {**content, "source_key": source_key} if isinstance(content, dict) else content
+        try:
+            return self.worker.accept(record, connection=conn).outcome
+        except (InvalidRecordError, ScopeMismatchError) as exc:
+            # Refused, not dropped: the refusal is an event of the worker's log,
+            # committed with the cursor move, so the entry is passed over visibly.
+            self.worker.record_refusal(conn, f"outbox event {event.position}: {exc}")
+            return "refused"
 
     def _advance(self, conn: Connection, event: EventRow) -> None:
         # Compare-and-set from the cursor this pass started at: a second relay

@@ -489,6 +489,12 @@ class DurableWorker:
             self._event(conn, write_id, "accepted", None, PREPARED, "record accepted", fence=None)
         return Intake("accepted", write_id, PREPARED)
 
+    def record_refusal(self, connection: Connection, reason: str) -> None:
+        """Append an ``intake_refused`` event in the caller's transaction (a producer
+        that must not drop what the intake refused, such as the outbox relay)."""
+        with self._write(connection) as conn:
+            self._event(conn, None, "intake_refused", None, None, reason, fence=None)
+
     # -- ownership (contract §3) ---------------------------------------------------------------
 
     @contextmanager
@@ -629,6 +635,9 @@ class DurableWorker:
         the target is called.
         """
         with self.owned() as token:
+            # A long-lived owner (``start``) renews here too, so that idle time
+            # between cycles never lets the lease lapse.
+            self._keep_lease()
             counts = {"recovered": 0, "reconciled": 0, "still_uncertain": 0, "sent": 0}
             outcomes = {"confirmed": 0, "retried": 0, "failed_safe": 0, "uncertain": 0}
             for row in self._rows(IN_FLIGHT):
@@ -926,6 +935,7 @@ class DurableWorker:
             raise InvalidRecordError("must be an integer from 1 to 1000", field="poll_limit")
         records = worker_records.c
         with self.owned():
+            self._keep_lease()
             with self._read() as conn:
                 rows = list(
                     conn.execute(
