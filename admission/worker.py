@@ -19,19 +19,16 @@ seconds on the claimant's own monotonic clock.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import re
 import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from sqlalchemy import Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -44,14 +41,15 @@ from admission.errors import (
     FencedError,
     InvalidRecordError,
     InvalidValueError,
-    LeaseHeldError,
     QueueFullError,
     RecordStateError,
     ScopeMismatchError,
     StorageError,
     TargetTimeoutError,
-    WorkerLockedError,
 )
+from admission.intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_text, validate_record
+from admission.lease import Lease
+from admission.localfs import FileLock, write_json_atomically
 from admission.schema import worker_events, worker_leases, worker_queues, worker_records
 from admission.targets import StatusRead, Target, TargetRecord
 from admission.writes import (
@@ -81,107 +79,8 @@ __all__ = [
 CRASH_POINTS: Final = ("before_dispatch", "after_in_flight", "after_target_commit", "after_confirm")
 """The named points of a send at which the worker calls its ``hook`` (crash tests stop it there)."""
 
-RESERVED_FIELDS: Final = ("source_key", "payload")
-"""Record fields that are not scope fields: the source key and the free payload."""
-
-MAX_CONTENT: Final = 64 * 1024
-"""The largest canonical record the intake accepts, in bytes."""
-
-_FIELD_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_TRUNCATED: Final = "...[truncated]"
 _ACKNOWLEDGED: Final = "the target acknowledged the write"
 _WRITE_OPTION: Final = "admission_write"
-
-
-def bounded_text(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, visibly marked when cut (contract §1)."""
-    raw = text.encode("utf-8", "replace")
-    if len(raw) <= limit:
-        return text
-    keep = raw[: max(0, limit - len(_TRUNCATED))].decode("utf-8", "ignore")
-    return keep + _TRUNCATED
-
-
-def write_json_atomically(path: str | os.PathLike[str], payload: object) -> None:
-    """Write JSON to ``path`` so that a reader sees the old file or the new one, never half:
-    a temporary file in the same directory, fsync, rename, fsync of the directory."""
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
-    directory = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
-@dataclass(frozen=True)
-class Scope:
-    """An exact allowlist of field values, e.g. tenant, account, page, form (contract §1).
-
-    ``tenant`` is required: with the source key it forms the intake key.
-    """
-
-    fields: tuple[tuple[str, str], ...]
-
-    @classmethod
-    def parse(cls, value: object) -> Scope:
-        """Validate a JSON object of field -> non-empty string; raise InvalidRecordError naming the field."""
-        if not isinstance(value, Mapping):
-            raise InvalidRecordError("a scope is a JSON object of field names to strings", field="scope")
-        if not 1 <= len(value) <= 16:
-            raise InvalidRecordError("a scope has 1 to 16 fields", field="scope")
-        items = []
-        for name, field_value in value.items():
-            if not isinstance(name, str) or not _FIELD_NAME.match(name) or name in RESERVED_FIELDS:
-                raise InvalidRecordError(
-                    f"scope field {name!r} must be a lower-case name of 1-64 characters, "
-                    f"not {' or '.join(RESERVED_FIELDS)}",
-                    field="scope",
-                )
-            if not isinstance(field_value, str) or not 1 <= len(field_value) <= 255:
-                raise InvalidRecordError("must be a string of 1 to 255 characters", field=f"scope.{name}")
-            items.append((name, field_value))
-        if "tenant" not in value:
-            raise InvalidRecordError("a scope must name its tenant", field="scope.tenant")
-        return cls(tuple(sorted(items)))
-
-    @property
-    def tenant(self) -> str:
-        """The scope's tenant."""
-        return dict(self.fields)["tenant"]
-
-    def as_dict(self) -> dict[str, str]:
-        """The scope as a JSON-able object."""
-        return dict(self.fields)
-
-    def encode(self) -> bytes:
-        """The canonical encoding pinned in the database."""
-        return canonical_encode(self.as_dict())
-
-
-@dataclass(frozen=True)
-class WorkerLimits:
-    """The bounds of contract §1."""
-
-    max_waiting: int = 128
-    max_attempts: int = 3
-    max_diagnostic: int = 2048
-
-
-@dataclass(frozen=True)
-class Intake:
-    """The answer to ``accept``: ``accepted``, ``duplicate`` (same canonical content) or
-    ``conflict`` (changed content under the same key; nothing written)."""
-
-    outcome: Literal["accepted", "duplicate", "conflict"]
-    write_id: str
-    state: str
 
 
 @dataclass(frozen=True)
@@ -209,63 +108,12 @@ class PollReport:
     failed: int = 0
 
 
-class FileLock:
-    """A non-blocking exclusive ``fcntl.flock`` on a lock file (contract §3).
-
-    The OS drops it when the process dies, however it dies, so a second
-    worker can start exactly when the first is gone.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock, or raise WorkerLockedError at once if another process has it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise WorkerLockedError(
-                f"another worker holds {self.path}; only one local worker may own the queue",
-                lock_path=str(self.path),
-            ) from None
-        self._fd = fd
-
-    def release(self) -> None:
-        """Let the lock go."""
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    @property
-    def held(self) -> bool:
-        """Whether this object holds the lock."""
-        return self._fd is not None
-
-
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
 def _no_hook(_point: str) -> None:
     return None
-
-
-@dataclass
-class _Observation:
-    token: int
-    heartbeat: int
-    seen_at: float
-
-
-@dataclass
-class _Ownership:
-    token: int
-    renewed_at: float
-    lock: FileLock | None = field(default=None)
 
 
 class DurableWorker:
@@ -326,8 +174,17 @@ class DurableWorker:
         self._monotonic = monotonic
         self._hook = hook
         self._new_id = new_id
-        self._observed: _Observation | None = None
-        self._owned: _Ownership | None = None
+        self.lease = Lease(
+            queue,
+            self.holder,
+            begin=self._write,
+            lock_path=self.lock_path,
+            local_exclusive=not self._postgres,
+            lease_ttl=lease_ttl,
+            claim_wait=claim_wait,
+            now=now,
+            monotonic=monotonic,
+        )
         self._open_queue()
 
     # -- transactions and the one translation boundary --------------------------------------
@@ -355,7 +212,7 @@ class DurableWorker:
             yield
         except DBAPIError as exc:
             if _is_fence_refusal(exc):
-                token = self._owned.token if self._owned else -1
+                token = self.lease.token if self.lease.token is not None else -1
                 raise FencedError(
                     f"the database refused a write of queue {self.queue!r} with fencing token {token}: "
                     "another worker has claimed the queue",
@@ -403,32 +260,7 @@ class DurableWorker:
 
         Raises InvalidRecordError or ScopeMismatchError naming the field; nothing is written.
         """
-        if not isinstance(record, Mapping):
-            raise InvalidRecordError("a record is a JSON object", field="record")
-        scope = self.scope.as_dict()
-        for name in record:
-            if name not in scope and name not in RESERVED_FIELDS:
-                raise InvalidRecordError(
-                    f"is not an allowed field (allowed: {', '.join([*scope, *RESERVED_FIELDS])})",
-                    field=str(name),
-                )
-        for name, expected in scope.items():
-            if name not in record:
-                raise InvalidRecordError("is required by the scope", field=name)
-            if record[name] != expected:
-                raise ScopeMismatchError(
-                    f"{name}: the record's value is outside the worker's scope (no fallback)",
-                    field=name,
-                    queue=self.queue,
-                )
-        source_key = record.get("source_key")
-        if not isinstance(source_key, str) or not 1 <= len(source_key) <= 255:
-            raise InvalidRecordError("must be a string of 1 to 255 characters", field="source_key")
-        try:
-            content = canonical_encode(dict(record), max_size=MAX_CONTENT)
-        except InvalidValueError as exc:
-            raise InvalidRecordError(exc.message, field="payload") from exc
-        return source_key, content
+        return validate_record(self.scope, record, queue=self.queue)
 
     def accept(self, record: object, *, connection: Connection | None = None) -> Intake:
         """Validate, then commit the record before acknowledging it (contract §1).
@@ -495,133 +327,26 @@ class DurableWorker:
         with self._write(connection) as conn:
             self._event(conn, None, "intake_refused", None, None, reason, fence=None)
 
-    # -- ownership (contract §3) ---------------------------------------------------------------
+    # -- ownership (contract §3, admission/lease.py) --------------------------------------------
 
-    @contextmanager
-    def owned(self) -> Iterator[int]:
+    def owned(self) -> AbstractContextManager[int]:
         """Own the queue for the block: file lock (if any), then a lease claim; yields the token."""
-        if self._owned is not None:
-            yield self._owned.token
-            return
-        self.claim()
-        try:
-            assert self._owned is not None
-            yield self._owned.token
-        finally:
-            self.release()
+        return self.lease.owned()
 
     def claim(self) -> int:
-        """Take the file lock and claim the lease with a new fencing token.
-
-        A lease held by another holder is taken over only if it was released,
-        or if this claimant has watched its heartbeat stand still for
-        ``lease_ttl`` seconds of its own monotonic clock (a stored time alone
-        never proves an owner dead), or, on SQLite, because the file lock held
-        here proves no other local worker is alive.
-        """
-        lock = FileLock(self.lock_path) if self.lock_path is not None else None
-        if lock is not None:
-            lock.acquire()
-        deadline = self._monotonic() + self.claim_wait
-        try:
-            while True:
-                try:
-                    token = self._claim_lease(local_exclusive=lock is not None and not self._postgres)
-                    break
-                except LeaseHeldError:
-                    # ``claim_wait`` lets a claimant watch a dead owner's heartbeat
-                    # stand still for the ttl, then take over.
-                    if self._monotonic() >= deadline:
-                        raise
-                    time.sleep(min(self.lease_ttl / 4, max(0.0, deadline - self._monotonic()), 1.0))
-        except BaseException:
-            if lock is not None:
-                lock.release()
-            raise
-        self._owned = _Ownership(token, self._monotonic(), lock)
-        return token
-
-    def _claim_lease(self, *, local_exclusive: bool) -> int:
-        leases = worker_leases.c
-        with self._write() as conn:
-            row = (
-                conn.execute(select(worker_leases).where(leases.queue == self.queue).with_for_update())
-                .mappings()
-                .one()
-            )
-            seen = self._monotonic()
-            stale = (
-                self._observed is not None
-                and (self._observed.token, self._observed.heartbeat) == (row["token"], row["heartbeat"])
-                and seen - self._observed.seen_at >= self.lease_ttl
-            )
-            if row["holder"] is not None and not local_exclusive and not stale:
-                if self._observed is None or (self._observed.token, self._observed.heartbeat) != (
-                    row["token"],
-                    row["heartbeat"],
-                ):
-                    self._observed = _Observation(row["token"], row["heartbeat"], seen)
-                raise LeaseHeldError(
-                    f"queue {self.queue!r} is leased to {row['holder']} (token {row['token']}); "
-                    f"it is taken over only after its heartbeat stands still for {self.lease_ttl}s",
-                    queue=self.queue,
-                    holder=row["holder"],
-                    token=row["token"],
-                )
-            token = int(row["token"]) + 1
-            conn.execute(
-                update(worker_leases)
-                .where(leases.queue == self.queue)
-                .values(token=token, holder=self.holder, heartbeat=0, claimed_at=self._now())
-            )
-        self._observed = None
-        return token
+        """Take the file lock and claim the lease with a new fencing token (see :class:`Lease`)."""
+        return self.lease.claim()
 
     def renew(self) -> None:
         """Bump the heartbeat under the current token; FencedError if the lease was taken."""
-        owned = self._require_owned()
-        with self._write() as conn:
-            renewed = conn.execute(
-                update(worker_leases)
-                .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
-                .values(heartbeat=worker_leases.c.heartbeat + 1)
-            ).rowcount
-        if not renewed:
-            raise FencedError(
-                f"the lease of queue {self.queue!r} is no longer token {owned.token}",
-                queue=self.queue,
-                token=owned.token,
-            )
-        owned.renewed_at = self._monotonic()
+        self.lease.renew()
 
     def release(self) -> None:
         """Give the lease up (if still ours) and drop the file lock."""
-        owned = self._owned
-        if owned is None:
-            return
-        self._owned = None
-        try:
-            with self._write() as conn:
-                conn.execute(
-                    update(worker_leases)
-                    .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
-                    .values(holder=None)
-                )
-        finally:
-            if owned.lock is not None:
-                owned.lock.release()
-
-    def _require_owned(self) -> _Ownership:
-        if self._owned is None:
-            raise RecordStateError("the worker does not own its queue", write_id=None, state=None)
-        return self._owned
+        self.lease.release()
 
     def _keep_lease(self) -> None:
-        # Renew at half the ttl, so a claimant (who waits a whole ttl after the
-        # heartbeat stops) never sees a live owner as stale.
-        owned = self._require_owned()
-        if self._monotonic() - owned.renewed_at >= self.lease_ttl / 2:
-            self.renew()
+        self.lease.keep()
 
     # -- the write cycle (contract §2) -------------------------------------------------------------
 
@@ -739,8 +464,8 @@ class DurableWorker:
     # -- state changes: one transaction, one event ------------------------------------------------
 
     def _fence(self, conn: Connection) -> int:
-        if self._owned is not None:
-            return self._owned.token
+        if self.lease.token is not None:
+            return self.lease.token
         # An operator's write (resolve, observe) outside a worker cycle carries the
         # token current in its own transaction: it never races a claim.
         token = conn.execute(
