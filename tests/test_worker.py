@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import pickle
+import uuid
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
 from admission.errors import (
@@ -476,3 +480,31 @@ def test_a_full_queue_stops_the_relay_without_moving_its_cursor(db_url: str) -> 
     assert relay.pump().blocked and relay.cursor() == cursor
     assert count(store.engine, outbox_cursors) == 1
     store.dispose()
+
+
+class Ticking:
+    """A wall clock that moves one second per reading, so stored times never tie."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        self.now += timedelta(seconds=1)
+        return self.now
+
+
+@settings(max_examples=10, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(size=st.integers(2, 7), limits=st.lists(st.integers(1, 4), min_size=1, max_size=6))
+def test_polling_is_fair_for_any_sequence_of_limits(
+    engine: Engine, target: SqliteTarget, size: int, limits: list[int]
+) -> None:
+    worker = worker_on(engine, queue=f"fair-{uuid.uuid4().hex}", now=Ticking())
+    ids = confirmed(worker, target, [f"{worker.queue}-{i}" for i in range(size)])
+    polls = dict.fromkeys(ids, 0)
+    for limit in limits:
+        before = {i: worker.get(i)["polled_at"] for i in ids}
+        worker.poll_status(target, limit=limit)
+        for i in ids:
+            polls[i] += worker.get(i)["polled_at"] != before[i]
+        assert max(polls.values()) - min(polls.values()) <= 1
+    assert sum(polls.values()) == sum(min(limit, size) for limit in limits)
