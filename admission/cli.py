@@ -7,8 +7,12 @@ naming the field on stderr, exits 2 and writes nothing.
 Exit codes: 0 fresh or retained; 1 a check found a mismatch; 2 invalid
 input; 3 the database is not at the schema revision this version reads;
 4 refused by run state (``run_not_active``, ``rejected_not_current``, a
-lifecycle call that does not fit); 9 ``request_id_conflict``; 10
-``request_id_ambiguous``; 5 a storage failure.
+lifecycle call that does not fit; for ``worker``: a full queue, a record
+outside the scope, a record in the wrong state); 9 ``request_id_conflict``
+(``worker accept``: changed content under an accepted key); 10
+``request_id_ambiguous``; 11 another worker owns the queue (file lock or
+lease) or this one was fenced; 5 a storage failure; 73 the injected
+``crash-after-write`` fault (docs/worker.md).
 """
 
 from __future__ import annotations
@@ -30,12 +34,25 @@ from admission.encoding import (
     canonical_encode,
     intent_digest,
 )
-from admission.errors import AdmissionError, RunStateError, SchemaRevisionError, StorageError
+from admission.errors import (
+    AdmissionError,
+    FencedError,
+    LeaseHeldError,
+    QueueFullError,
+    RecordStateError,
+    RunStateError,
+    SchemaRevisionError,
+    ScopeMismatchError,
+    StorageError,
+    WorkerLockedError,
+)
 from admission.keys import receipt_token, validate_request_id
 from admission.outcomes import Admission, Decision
 
 if TYPE_CHECKING:
     from admission.service import AdmissionService
+    from admission.targets import Target
+    from admission.worker import DurableWorker
 
 __all__ = [
     "EXIT_AMBIGUOUS",
@@ -43,6 +60,7 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_INVALID",
     "EXIT_OK",
+    "EXIT_OWNED",
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
@@ -69,7 +87,14 @@ EXIT_CONFLICT = 9
 EXIT_AMBIGUOUS = 10
 """``request_id_ambiguous``: the key cannot be proven to name one receipt; nothing was written."""
 
+EXIT_OWNED = 11
+"""``worker``: another worker holds the queue's file lock or live lease, or this worker was fenced."""
+
 ENV_DB = "ADMISSION_DB"
+ENV_STOP_AT = "ADMISSION_WORKER_STOP_AT"
+"""Test hook: the worker pauses at this named point of a send (``admission.worker.CRASH_POINTS``)."""
+ENV_STOP_MARKER = "ADMISSION_WORKER_STOP_MARKER"
+"""Test hook: the file the paused worker creates, so a test knows when to kill it."""
 
 
 class _InputError(Exception):
@@ -389,6 +414,236 @@ def _typed_arguments(parser: argparse.ArgumentParser, flag: str, what: str) -> N
     parser.add_argument(f"{flag}-cbor", help=f"{what} as canonical CBOR, in hex")
 
 
+# -- the durable worker (docs/worker.md) --------------------------------------------------------
+
+
+def _json_file(path: str | None, field: str) -> object:
+    if path is None:
+        raise _InputError(field, "is required")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise _InputError(field, f"cannot read {path}: {exc.strerror}") from None
+    return parse_json_value(text, field)
+
+
+def _stop_hook(point: str) -> None:
+    # Test hook (contract: shown by crashing): pause at the named point so a
+    # test can SIGKILL the process exactly there.
+    if os.environ.get(ENV_STOP_AT) != point:
+        return
+    import time
+
+    # The test kills the process while it waits here, or deletes the marker
+    # to let it go on (a late write of a worker whose lease was taken).
+    marker = os.environ.get(ENV_STOP_MARKER)
+    if not marker:
+        while True:
+            time.sleep(60)
+    Path(marker).write_text(point, encoding="utf-8")
+    while Path(marker).exists():
+        time.sleep(0.02)
+
+
+def _worker(args: argparse.Namespace) -> DurableWorker:
+    from admission.sql import create_admission_engine
+    from admission.worker import DurableWorker, Scope
+
+    scope = Scope.parse(_json_file(args.scope, "--scope"))
+    return DurableWorker(
+        create_admission_engine(_db_url(args)),
+        scope,
+        queue=args.queue,
+        lock_path=args.lock,
+        hook=_stop_hook,
+        lease_ttl=args.lease_ttl,
+        claim_wait=args.wait,
+        send_batch=getattr(args, "send_batch", 1),
+    )
+
+
+def _target(args: argparse.Namespace) -> Target:
+    from admission.targets import FaultyTarget, SqliteTarget
+
+    if args.target is None:
+        raise _InputError("--target", "is required")
+    target: Target = SqliteTarget(args.target)
+    if args.fault is not None:
+        target = FaultyTarget(target, args.fault)
+    return target
+
+
+def _check_worker_schema(args: argparse.Namespace) -> None:
+    from admission.schema import check_revision
+    from admission.sql import create_admission_engine
+
+    engine = create_admission_engine(_db_url(args))
+    try:
+        with engine.connect() as conn:
+            check_revision(conn)
+    finally:
+        engine.dispose()
+
+
+def _cmd_worker_accept(args: argparse.Namespace) -> int:
+    record = _json_file(args.record, "--record")
+    _check_worker_schema(args)
+    answer = _worker(args).accept(record)
+    _print_json({"outcome": answer.outcome, "write_id": answer.write_id, "state": answer.state})
+    return EXIT_CONFLICT if answer.outcome == "conflict" else EXIT_OK
+
+
+def _cycle_json(report: object) -> dict[str, object]:
+    from dataclasses import asdict, is_dataclass
+
+    assert is_dataclass(report) and not isinstance(report, type)
+    return asdict(report)
+
+
+def _cmd_worker_once(args: argparse.Namespace) -> int:
+    _check_worker_schema(args)
+    worker, target = _worker(args), _target(args)
+    _print_json(_cycle_json(worker.run_once(target)))
+    return EXIT_OK
+
+
+def _cmd_worker_start(args: argparse.Namespace) -> int:
+    import signal
+    import time
+
+    _check_worker_schema(args)
+    worker, target = _worker(args), _target(args)
+    stop: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    cycles = 0
+    try:
+        with worker.owned():
+            while not stop and (args.cycles is None or cycles < args.cycles):
+                report = _cycle_json(worker.run_once(target))
+                report["poll"] = _cycle_json(worker.poll_status(target, args.poll_limit))
+                cycles += 1
+                report["cycle"] = cycles
+                print(json.dumps(report), flush=True)
+                deadline = time.monotonic() + args.interval
+                while not stop and (args.cycles is None or cycles < args.cycles):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    time.sleep(min(left, 0.1))
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    print(json.dumps({"stopped": True, "cycles": cycles, "signal": stop[0] if stop else None}), flush=True)
+    return EXIT_OK
+
+
+def _cmd_worker_status(args: argparse.Namespace) -> int:
+    _check_worker_schema(args)
+    worker = _worker(args)
+    if args.export:
+        worker.export_status(args.export)
+    _print_json(worker.status())
+    return EXIT_OK
+
+
+def _cmd_worker_observe(args: argparse.Namespace) -> int:
+    record = _json_file(args.record, "--record")
+    if (args.snapshot is None) == (not args.missing):
+        raise _InputError("--snapshot", "give either --snapshot FILE or --missing")
+    snapshot = None if args.missing else _json_file(args.snapshot, "--snapshot")
+    _check_worker_schema(args)
+    worker = _worker(args)
+    source_key, _ = worker.validate(record)
+    write_id = worker.find(source_key)["write_id"]
+    changed = worker.observe(write_id, snapshot, missing=args.missing)
+    _print_json({"write_id": write_id, "changed": changed, "state": worker.get(write_id)["state"]})
+    return EXIT_OK
+
+
+def _cmd_worker_poll_status(args: argparse.Namespace) -> int:
+    _check_worker_schema(args)
+    worker, target = _worker(args), _target(args)
+    _print_json(_cycle_json(worker.poll_status(target, args.poll_limit)))
+    return EXIT_OK
+
+
+def _cmd_worker_resolve(args: argparse.Namespace) -> int:
+    _check_worker_schema(args)
+    worker = _worker(args)
+    state = worker.resolve(args.write_id, args.decision, actor=args.actor, reason=args.reason)
+    _print_json({"write_id": args.write_id, "state": state, "actor": args.actor, "reason": args.reason})
+    return EXIT_OK
+
+
+def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from admission.targets import FAULTS
+
+    worker = commands.add_parser("worker", help="the durable outbox worker (docs/worker.md)")
+    sub = worker.add_subparsers(dest="worker_command", required=True, metavar="WORKER_COMMAND")
+
+    def common(name: str, help_text: str, *, target: bool = False) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help_text)
+        parser.add_argument("--db", default=argparse.SUPPRESS, help="database URL (as the global --db)")
+        parser.add_argument("--scope", required=True, metavar="FILE", help="the scope, a JSON object")
+        parser.add_argument("--queue", default="default", help="the queue name (default: default)")
+        parser.add_argument("--lock", metavar="FILE", help="the lock file (default: next to a SQLite db)")
+        parser.add_argument("--lease-ttl", type=float, default=30.0, help="lease takeover time, seconds")
+        parser.add_argument(
+            "--wait", type=float, default=0.0, help="keep claiming a held lease this long, seconds (0)"
+        )
+        if target:
+            parser.add_argument("--target", metavar="FILE", help="the SQLite target database")
+            parser.add_argument("--fault", choices=FAULTS, help="inject a fault into every write")
+            parser.add_argument(
+                "--send-batch",
+                type=int,
+                default=1,
+                help="records put in flight per commit (1; more is faster, see docs/worker.md)",
+            )
+        return parser
+
+    accept = common("accept", "accept a record into the queue")
+    accept.add_argument("--record", metavar="FILE", help="the record, a JSON object")
+    accept.add_argument("--target", metavar="FILE", help=argparse.SUPPRESS)
+    accept.set_defaults(handler=_cmd_worker_accept)
+
+    common("once", "one send/reconcile cycle", target=True).set_defaults(handler=_cmd_worker_once)
+
+    start = common("start", "cycles in the foreground until --cycles or SIGINT/SIGTERM", target=True)
+    start.add_argument("--interval", type=float, default=1.0, help="seconds between cycles (1)")
+    start.add_argument("--cycles", type=int, help="stop after this many cycles (default: run until stopped)")
+    start.add_argument("--poll-limit", type=int, default=100, help="records polled per cycle (100)")
+    start.set_defaults(handler=_cmd_worker_start)
+
+    status = common("status", "print the queue's state as JSON")
+    status.add_argument("--export", metavar="FILE", help="also write it to FILE atomically")
+    status.add_argument("--target", metavar="FILE", help=argparse.SUPPRESS)
+    status.set_defaults(handler=_cmd_worker_status)
+
+    observe = common("observe", "store a confirmed record's latest status snapshot")
+    observe.add_argument("--record", metavar="FILE", help="the record, a JSON object")
+    observe.add_argument("--snapshot", metavar="FILE", help="the snapshot, JSON")
+    observe.add_argument("--missing", action="store_true", help="the target no longer has the row")
+    observe.add_argument("--target", metavar="FILE", help=argparse.SUPPRESS)
+    observe.set_defaults(handler=_cmd_worker_observe)
+
+    poll = common("poll-status", "one bounded status polling pass", target=True)
+    poll.add_argument("--poll-limit", type=int, default=100, help="records polled (1-1000, default 100)")
+    poll.set_defaults(handler=_cmd_worker_poll_status)
+
+    resolve = common("resolve", "settle an uncertain record (recorded with who and why)")
+    resolve.add_argument("--write-id", required=True)
+    resolve.add_argument("--decision", required=True, choices=("confirm", "failed_safe", "release"))
+    resolve.add_argument("--actor", required=True, help="who decides")
+    resolve.add_argument("--reason", required=True, help="why")
+    resolve.add_argument("--target", metavar="FILE", help=argparse.SUPPRESS)
+    resolve.set_defaults(handler=_cmd_worker_resolve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``admission`` command."""
     parser = argparse.ArgumentParser(
@@ -490,6 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="play a lost response, a retry, a conflict and a burst")
     demo.add_argument("--workers", type=int, default=8, help="concurrent callers in the burst (default 8)")
     demo.set_defaults(handler=_cmd_demo)
+
+    _worker_parser(commands)
     return parser
 
 
@@ -504,7 +761,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchemaRevisionError as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_SCHEMA
-    except RunStateError as exc:
+    except (WorkerLockedError, LeaseHeldError, FencedError) as exc:
+        print(f"admission: {exc}", file=sys.stderr)
+        return EXIT_OWNED
+    except (RunStateError, QueueFullError, ScopeMismatchError, RecordStateError) as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except StorageError as exc:

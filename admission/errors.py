@@ -14,15 +14,24 @@ from typing import ClassVar
 
 __all__ = [
     "AdmissionError",
+    "BeforeWriteError",
+    "FencedError",
     "InvalidCommandTypeError",
+    "InvalidRecordError",
     "InvalidRequestIdError",
     "InvalidValueError",
+    "LeaseHeldError",
+    "QueueFullError",
+    "RecordStateError",
     "ReservedRequestIdError",
     "RunStateError",
     "SchemaRevisionError",
+    "ScopeMismatchError",
     "StorageError",
+    "TargetTimeoutError",
     "UnknownCommandError",
     "UnknownUpdateError",
+    "WorkerLockedError",
 ]
 
 
@@ -176,3 +185,113 @@ class UnknownCommandError(AdmissionError, LookupError):
     def __init__(self, message: str, *, command_id: str) -> None:
         super().__init__(message)
         self.command_id = command_id
+
+
+# -- the durable worker (worker contract) -------------------------------------------------
+
+
+class InvalidRecordError(AdmissionError, ValueError):
+    """A record, scope or snapshot given to the worker is malformed (worker contract §1).
+
+    ``field`` names the refused input (``"tenant"``, ``"source_key"``,
+    ``"payload"``, ``"scope"``...), ``reason`` says why.  Nothing is written.
+    """
+
+    code: ClassVar[str] = "record_invalid"
+
+    def __init__(self, reason: str, *, field: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.reason = reason
+        self.field = field
+
+
+class ScopeMismatchError(AdmissionError, ValueError):
+    """A record outside the worker's scope, or a queue opened with another scope
+    than the one pinned in the database (worker contract §1).  ``field`` names
+    the first field that differs."""
+
+    code: ClassVar[str] = "scope_mismatch"
+
+    def __init__(self, message: str, *, field: str, queue: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.queue = queue
+
+
+class QueueFullError(AdmissionError, RuntimeError):
+    """The queue already holds ``limit`` waiting records; the record was not accepted
+    (worker contract §1: past a bound a refusal, never a silent drop)."""
+
+    code: ClassVar[str] = "queue_full"
+
+    def __init__(self, message: str, *, queue: str, limit: int) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.limit = limit
+
+
+class RecordStateError(AdmissionError, RuntimeError):
+    """An operation does not fit the record's state (resolving a record that is
+    not ``uncertain``, observing one that is not confirmed), or the record is
+    unknown.  ``state`` is the record's state, ``None`` for an unknown record."""
+
+    code: ClassVar[str] = "record_state"
+
+    def __init__(self, message: str, *, write_id: str | None, state: str | None) -> None:
+        super().__init__(message)
+        self.write_id = write_id
+        self.state = state
+
+
+class WorkerLockedError(AdmissionError, RuntimeError):
+    """Another local worker holds the queue's file lock (worker contract §3)."""
+
+    code: ClassVar[str] = "worker_locked"
+
+    def __init__(self, message: str, *, lock_path: str) -> None:
+        super().__init__(message)
+        self.lock_path = lock_path
+
+
+class LeaseHeldError(AdmissionError, RuntimeError):
+    """The queue's lease is held by a live owner, as far as this claimant's
+    monotonic clock can tell (worker contract §3).  ``holder`` names it."""
+
+    code: ClassVar[str] = "lease_held"
+
+    def __init__(self, message: str, *, queue: str, holder: str | None, token: int) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.holder = holder
+        self.token = token
+
+
+class FencedError(AdmissionError, RuntimeError):
+    """The database refused a write carrying a fencing token that is no longer the
+    queue's current one: this worker's lease was taken over (worker contract §3)."""
+
+    code: ClassVar[str] = "fenced"
+
+    def __init__(self, message: str, *, queue: str, token: int) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.token = token
+
+
+class BeforeWriteError(AdmissionError, RuntimeError):
+    """Raised by a target adapter only when the request provably was never
+    dispatched; the one error that permits another send (worker contract §2)."""
+
+    code: ClassVar[str] = "before_write"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class TargetTimeoutError(AdmissionError, TimeoutError):
+    """A target did not answer in time; the write may or may not have landed."""
+
+    code: ClassVar[str] = "target_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)

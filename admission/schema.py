@@ -5,7 +5,9 @@ Table names follow the upstream engine (``workflow_instances``,
 ``workflow_history_events``) so that legacy receipt databases upgrade in
 place (contract §6).  Alembic owns the schema: ``admission/migrations``
 holds revision ``0001`` (the receipt schema before intents, the shape legacy
-databases have) and ``0002`` (the intent columns, DDL only).  This module
+databases have), ``0002`` (the intent columns, DDL only) and ``0003`` (the
+durable worker's tables and the outbox cursors, plus the fencing trigger on
+``worker_records`` that refuses a write carrying a stale lease token).  This module
 declares the head; a test proves ``upgrade head`` produces exactly it.
 
 Values stored as bytes (arguments, results, contexts, event payloads) are in
@@ -41,6 +43,11 @@ __all__ = [
     "check_revision",
     "current_revision",
     "metadata",
+    "outbox_cursors",
+    "worker_events",
+    "worker_leases",
+    "worker_queues",
+    "worker_records",
     "workflow_commands",
     "workflow_history_events",
     "workflow_instances",
@@ -48,10 +55,10 @@ __all__ = [
     "workflow_updates",
 ]
 
-HEAD_REVISION: Final = "0002"
+HEAD_REVISION: Final = "0003"
 """The schema revision this version of admission reads and writes."""
 
-KNOWN_REVISIONS: Final = ("0001", "0002")
+KNOWN_REVISIONS: Final = ("0001", "0002", "0003")
 """Every revision admission has shipped, oldest first."""
 
 NAMING_CONVENTION: Final = {
@@ -168,6 +175,89 @@ workflow_history_events = Table(
     sqlite_autoincrement=True,
 )
 """The append-only event log: every admission, refusal and transition."""
+
+
+# -- revision 0003: the durable worker and the outbox (docs/worker.md) -----------------
+
+worker_queues = Table(
+    "worker_queues",
+    metadata,
+    Column("queue", String(255), primary_key=True),
+    # The scope's canonical encoding, pinned at creation (worker contract §1).
+    Column("scope", LargeBinary, nullable=False),
+    Column("created_at", _Time, nullable=False),
+)
+"""One row per worker queue: its pinned scope."""
+
+worker_leases = Table(
+    "worker_leases",
+    metadata,
+    Column("queue", String(255), ForeignKey("worker_queues.queue"), primary_key=True),
+    # The fencing token: every claim increments it (worker contract §3).  The
+    # trigger on worker_records refuses an update whose fence is not this.
+    Column("token", BigInteger, nullable=False),
+    Column("holder", String(255), nullable=True),
+    # Bumped by the holder on every renewal; a claimant judges liveness by
+    # watching it change on its own monotonic clock, never by a stored time.
+    Column("heartbeat", BigInteger, nullable=False),
+    Column("claimed_at", _Time, nullable=True),
+)
+"""The lease of each queue: token, holder and heartbeat."""
+
+worker_records = Table(
+    "worker_records",
+    metadata,
+    Column("id", _Position, primary_key=True, autoincrement=True),
+    Column("write_id", String(36), nullable=False, unique=True),
+    Column("queue", String(255), ForeignKey("worker_queues.queue"), nullable=False),
+    Column("tenant", String(255), nullable=False),
+    Column("source_key", String(255), nullable=False),
+    # The record's canonical encoding (admission's intent-v1 CBOR).
+    Column("content", LargeBinary, nullable=False),
+    Column("state", String(32), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("diagnostic", String(2048), nullable=True),
+    # The lease token of the last write; the fencing trigger checks it.
+    Column("fence", BigInteger, nullable=True),
+    Column("snapshot", LargeBinary, nullable=True),
+    Column("poll_health", String(16), nullable=True),
+    Column("polled_at", _Time, nullable=True),
+    Column("created_at", _Time, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+    UniqueConstraint("queue", "tenant", "source_key"),
+    Index(None, "queue", "state", "id"),
+    sqlite_autoincrement=True,
+)
+"""Accepted records, their durable write_id and write state (worker contract §1, §2)."""
+
+worker_events = Table(
+    "worker_events",
+    metadata,
+    Column("position", _Position, primary_key=True, autoincrement=True),
+    Column("queue", String(255), nullable=False),
+    Column("write_id", String(36), nullable=True),
+    Column("event_type", String(64), nullable=False),
+    Column("from_state", String(32), nullable=True),
+    Column("to_state", String(32), nullable=True),
+    Column("reason", String(2048), nullable=False),
+    Column("actor", String(255), nullable=True),
+    Column("fence", BigInteger, nullable=True),
+    Column("recorded_at", _Time, nullable=False),
+    Index(None, "queue", "position"),
+    Index(None, "write_id"),
+    sqlite_autoincrement=True,
+)
+"""The worker's append-only event log: every transition, observation and poll-health change."""
+
+outbox_cursors = Table(
+    "outbox_cursors",
+    metadata,
+    Column("consumer", String(255), primary_key=True),
+    Column("tx_id", BigInteger, nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+)
+"""Where each consumer of the event log stands (an EventCursor), moved with its effects."""
 
 
 def current_revision(connection: Connection) -> str | None:

@@ -3,9 +3,11 @@
 A database an older engine wrote (``tools/legacy_fixtures.py``: revision 0001,
 every legacy receipt shape) is snapshotted in full, upgraded through the
 command line (``python -m admission --db URL db upgrade``), and snapshotted
-again.  The only differences allowed are the declared delta of revision 0002:
+again.  The only differences allowed are the declared deltas: revision 0002's
 three new nullable columns on ``workflow_commands`` (NULL in every existing
-row) and ``alembic_version`` 0001 -> 0002.  Every other table, column, index,
+row), revision 0003's new, empty worker and outbox tables (exactly as a fresh
+database at the head has them, with their sequences on PostgreSQL), and
+``alembic_version`` 0001 -> 0003.  Every other table, column, index,
 constraint, row (and, on PostgreSQL, sequence) is identical.
 """
 
@@ -39,6 +41,9 @@ NEW_COLUMNS = {
 }
 """Revision 0002's declared delta: these columns, nullable, without defaults, appended."""
 
+NEW_TABLES = ("outbox_cursors", "worker_events", "worker_leases", "worker_queues", "worker_records")
+"""Revision 0003's declared delta: these tables, new and empty."""
+
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -69,9 +74,26 @@ def engine(legacy: tuple[str, LegacyManifest]) -> Iterator[Engine]:
     engine.dispose()
 
 
-def declared_delta(before: dict[str, Any]) -> dict[str, Any]:
-    """``before`` with exactly revision 0002's changes applied: what ``after`` must equal."""
+@pytest.fixture
+def fresh_head(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> dict[str, Any]:
+    """A snapshot of a fresh database at the head: where revision 0003's tables are declared."""
+    (tmp_path / "head").mkdir()
+    engine = create_admission_engine(database_url(sql_backend, postgres_pool, tmp_path / "head"))
+    try:
+        return snapshot(engine)
+    finally:
+        engine.dispose()
+
+
+def declared_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:
+    """``before`` with exactly the declared changes applied: what ``after`` must equal."""
     expected = copy.deepcopy(before)
+    for name in NEW_TABLES:
+        assert name not in expected["tables"] and head["tables"][name]["rows"] == []
+        expected["tables"][name] = head["tables"][name]
+    for name, state in head["sequences"].items():
+        if name.startswith(NEW_TABLES):
+            expected["sequences"][name] = state
     commands = expected["tables"]["workflow_commands"]
     # What this dialect reports for a nullable VARCHAR without a default (autoincrement, ...).
     template = commands["columns"]["rejection_reason"]
@@ -83,7 +105,7 @@ def declared_delta(before: dict[str, Any]) -> dict[str, Any]:
         for row in commands["rows"]:
             row[name] = None
     assert expected["tables"]["alembic_version"]["rows"] == [{"version_num": "0001"}]
-    expected["tables"]["alembic_version"]["rows"] = [{"version_num": "0002"}]
+    expected["tables"]["alembic_version"]["rows"] = [{"version_num": "0003"}]
     return expected
 
 
@@ -91,7 +113,7 @@ def declared_delta(before: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_cli_upgrade_changes_only_the_declared_delta(
-    legacy: tuple[str, LegacyManifest], engine: Engine
+    legacy: tuple[str, LegacyManifest], engine: Engine, fresh_head: dict[str, Any]
 ) -> None:
     url, manifest = legacy
     before = snapshot(engine)
@@ -101,13 +123,19 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert (report["from_revision"], report["revision"]) == ("0001", "0002")
+    assert (report["from_revision"], report["revision"]) == ("0001", "0003")
 
     after = snapshot(engine)
-    assert diff_snapshots(declared_delta(before), after) == []
+    assert diff_snapshots(declared_delta(before, fresh_head), after) == []
 
     # The same, said as the raw difference: only workflow_commands and alembic_version, and only so much.
-    lines = diff_snapshots(before, after)
+    lines = [
+        line
+        for line in diff_snapshots(before, after)
+        if not line.startswith(
+            tuple(f"{kind}.{name}" for kind in ("tables", "sequences") for name in NEW_TABLES)
+        )
+    ]
     commands = len(before["tables"]["workflow_commands"]["rows"])
     assert len(lines) == 3 + 1 + 3 * commands + 2, "\n".join(lines)
     assert all(
@@ -126,7 +154,7 @@ def test_upgrading_again_changes_nothing(legacy: tuple[str, LegacyManifest], eng
     once = snapshot(engine)
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["from_revision"] == "0002"
+    assert json.loads(result.stdout)["from_revision"] == "0003"
     assert diff_snapshots(once, snapshot(engine)) == []
 
 
@@ -170,13 +198,13 @@ def test_db_check_exits_3_before_and_0_after(legacy: tuple[str, LegacyManifest])
     before = cli(url, "db", "check")
     assert before.returncode == 3, before.stderr
     report = json.loads(before.stdout)
-    assert (report["revision"], report["head"], report["ok"]) == ("0001", "0002", False)
+    assert (report["revision"], report["head"], report["ok"]) == ("0001", "0003", False)
     assert "admission db upgrade" in report["message"]
 
     assert cli(url, "db", "upgrade").returncode == 0
     after = cli(url, "db", "check")
     assert after.returncode == 0, after.stderr
-    assert json.loads(after.stdout)["revision"] == "0002"
+    assert json.loads(after.stdout)["revision"] == "0003"
 
 
 def _stamp(engine: Engine, revision: str) -> None:

@@ -1,0 +1,213 @@
+"""Exclusive ownership of a worker queue: a file lock and a lease with a fencing token (worker contract §3).
+
+On one machine a non-blocking ``fcntl.flock`` (:class:`~admission.localfs.FileLock`)
+covers the whole time a worker owns the queue.  Every owner also claims the
+queue's row in ``worker_leases``, which increments the fencing ``token``;
+the worker writes that token into every record it updates, and the trigger
+``worker_records_fence`` refuses a token that is not current.
+
+Liveness is judged only on the claimant's own monotonic clock: a held lease
+is taken over after the claimant has watched its (token, heartbeat) stand
+still for ``ttl`` seconds; the holder bumps the heartbeat at least every
+``ttl / 2`` of its own monotonic clock.  No stored wall-clock time decides.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+
+from admission.errors import FencedError, LeaseHeldError, RecordStateError
+from admission.localfs import FileLock
+from admission.schema import worker_leases
+
+__all__ = ["Lease"]
+
+
+@dataclass
+class _Observation:
+    token: int
+    heartbeat: int
+    seen_at: float
+
+
+@dataclass
+class _Ownership:
+    token: int
+    renewed_at: float
+    lock: FileLock | None = field(default=None)
+
+
+class Lease:
+    """The ownership of one queue by one holder.
+
+    ``begin`` opens a write transaction (the worker's, so that driver errors
+    are translated at its one boundary).  ``local_exclusive``: the file lock
+    alone proves no other worker is alive (SQLite, one machine), so a claim
+    holding it takes the lease at once, still with a new token.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        holder: str,
+        *,
+        begin: Callable[[], AbstractContextManager[Connection]],
+        lock_path: str | os.PathLike[str] | None,
+        local_exclusive: bool,
+        lease_ttl: float,
+        claim_wait: float,
+        now: Callable[[], datetime],
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.queue = queue
+        self.holder = holder
+        self.lock_path = None if lock_path is None else Path(lock_path)
+        self.lease_ttl = lease_ttl
+        self.claim_wait = claim_wait
+        self._begin = begin
+        self._local_exclusive = local_exclusive
+        self._now = now
+        self._monotonic = monotonic
+        self._observed: _Observation | None = None
+        self._owned: _Ownership | None = None
+
+    @property
+    def token(self) -> int | None:
+        """The fencing token while owned, else ``None``."""
+        return None if self._owned is None else self._owned.token
+
+    @contextmanager
+    def owned(self) -> Iterator[int]:
+        """Own the queue for the block: file lock (if any), then a lease claim; yields the token."""
+        if self._owned is not None:
+            yield self._owned.token
+            return
+        self.claim()
+        try:
+            assert self._owned is not None
+            yield self._owned.token
+        finally:
+            self.release()
+
+    def claim(self) -> int:
+        """Take the file lock and claim the lease with a new fencing token.
+
+        A lease held by another holder is taken over only if it was released,
+        or if this claimant has watched its heartbeat stand still for
+        ``lease_ttl`` seconds of its own monotonic clock (a stored time alone
+        never proves an owner dead), or, on SQLite, because the file lock held
+        here proves no other local worker is alive.
+        """
+        lock = FileLock(self.lock_path) if self.lock_path is not None else None
+        if lock is not None:
+            lock.acquire()
+        deadline = self._monotonic() + self.claim_wait
+        try:
+            while True:
+                try:
+                    token = self._claim_lease(local_exclusive=lock is not None and self._local_exclusive)
+                    break
+                except LeaseHeldError:
+                    # ``claim_wait`` lets a claimant watch a dead owner's heartbeat
+                    # stand still for the ttl, then take over.
+                    if self._monotonic() >= deadline:
+                        raise
+                    time.sleep(min(self.lease_ttl / 4, max(0.0, deadline - self._monotonic()), 1.0))
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        self._owned = _Ownership(token, self._monotonic(), lock)
+        return token
+
+    def _claim_lease(self, *, local_exclusive: bool) -> int:
+        leases = worker_leases.c
+        with self._begin() as conn:
+            row = (
+                conn.execute(select(worker_leases).where(leases.queue == self.queue).with_for_update())
+                .mappings()
+                .one()
+            )
+            seen = self._monotonic()
+            stale = (
+                self._observed is not None
+                and (self._observed.token, self._observed.heartbeat) == (row["token"], row["heartbeat"])
+                and seen - self._observed.seen_at >= self.lease_ttl
+            )
+            if row["holder"] is not None and not local_exclusive and not stale:
+                if self._observed is None or (self._observed.token, self._observed.heartbeat) != (
+                    row["token"],
+                    row["heartbeat"],
+                ):
+                    self._observed = _Observation(row["token"], row["heartbeat"], seen)
+                raise LeaseHeldError(
+                    f"queue {self.queue!r} is leased to {row['holder']} (token {row['token']}); "
+                    f"it is taken over only after its heartbeat stands still for {self.lease_ttl}s",
+                    queue=self.queue,
+                    holder=row["holder"],
+                    token=row["token"],
+                )
+            token = int(row["token"]) + 1
+            conn.execute(
+                update(worker_leases)
+                .where(leases.queue == self.queue)
+                .values(token=token, holder=self.holder, heartbeat=0, claimed_at=self._now())
+            )
+        self._observed = None
+        return token
+
+    def renew(self) -> None:
+        """Bump the heartbeat under the current token; FencedError if the lease was taken."""
+        owned = self._require_owned()
+        with self._begin() as conn:
+            renewed = conn.execute(
+                update(worker_leases)
+                .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
+                .values(heartbeat=worker_leases.c.heartbeat + 1)
+            ).rowcount
+        if not renewed:
+            raise FencedError(
+                f"the lease of queue {self.queue!r} is no longer token {owned.token}",
+                queue=self.queue,
+                token=owned.token,
+            )
+        owned.renewed_at = self._monotonic()
+
+    def release(self) -> None:
+        """Give the lease up (if still ours) and drop the file lock."""
+        owned = self._owned
+        if owned is None:
+            return
+        self._owned = None
+        try:
+            with self._begin() as conn:
+                conn.execute(
+                    update(worker_leases)
+                    .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
+                    .values(holder=None)
+                )
+        finally:
+            if owned.lock is not None:
+                owned.lock.release()
+
+    def _require_owned(self) -> _Ownership:
+        if self._owned is None:
+            raise RecordStateError("the worker does not own its queue", write_id=None, state=None)
+        return self._owned
+
+    def keep(self) -> None:
+        """Renew if half the ttl has passed on this holder's monotonic clock."""
+        # Renew at half the ttl, so a claimant (who waits a whole ttl after the
+        # heartbeat stops) never sees a live owner as stale.
+        owned = self._require_owned()
+        if self._monotonic() - owned.renewed_at >= self.lease_ttl / 2:
+            self.renew()

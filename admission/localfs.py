@@ -1,0 +1,67 @@
+"""Local files of the worker: the ownership lock file and atomic JSON export (worker contract §3, §6)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from admission.errors import WorkerLockedError
+
+__all__ = ["FileLock", "write_json_atomically"]
+
+
+def write_json_atomically(path: str | os.PathLike[str], payload: object) -> None:
+    """Write JSON to ``path`` so that a reader sees the old file or the new one, never half:
+    a temporary file in the same directory, fsync, rename, fsync of the directory."""
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+    directory = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+class FileLock:
+    """A non-blocking exclusive ``fcntl.flock`` on a lock file (contract §3).
+
+    The OS drops it when the process dies, however it dies, so a second
+    worker can start exactly when the first is gone.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise WorkerLockedError at once if another process has it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise WorkerLockedError(
+                f"another worker holds {self.path}; only one local worker may own the queue",
+                lock_path=str(self.path),
+            ) from None
+        self._fd = fd
+
+    def release(self) -> None:
+        """Let the lock go."""
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        """Whether this object holds the lock."""
+        return self._fd is not None

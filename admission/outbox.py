@@ -1,0 +1,210 @@
+"""The transactional outbox on admission's event log, and its relay into the durable worker.
+
+Issue 6 item 1, worker contract preamble.  :func:`record_outbox` appends an
+``outbox.v1`` event to ``workflow_history_events`` inside the caller's
+transaction, so the work for an external target commits (or not) together
+with the admission that caused it.  :class:`OutboxRelay` reads the log after
+its tracked :class:`~admission.store.EventCursor` (``SqlStore.read_events``:
+on PostgreSQL it never passes a transaction still open) and, for each
+outbox event, accepts the record into the worker's intake *in the same
+transaction* as it moves its cursor: progress and effect commit together,
+and a crash in between leaves neither.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from admission.encoding import canonical_decode, canonical_encode
+from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
+from admission.schema import outbox_cursors
+from admission.sql import SqlStore
+from admission.store import EventCursor, EventRow
+from admission.worker import DurableWorker
+
+__all__ = ["OUTBOX_EVENT", "OutboxRelay", "RelayReport", "read_cursor", "record_outbox"]
+
+OUTBOX_EVENT: Final = "outbox.v1"
+"""The event type of an outbox entry in the admission event log."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def record_outbox(
+    store: SqlStore,
+    connection: Connection,
+    namespace: str,
+    workflow_id: str,
+    *,
+    target: str,
+    source_key: str,
+    content: Mapping[str, object],
+    now: datetime | None = None,
+) -> EventRow:
+    """Append an outbox entry for ``target`` to the instance's event log, in the caller's transaction.
+
+    ``connection`` comes from ``store.begin()`` (the same one the admission
+    used); nothing here commits or rolls back.  ``content`` is the record the
+    worker will accept (its scope fields and ``payload``); ``source_key`` is
+    its intake key.
+    """
+    if not isinstance(target, str) or not 1 <= len(target) <= 255:
+        raise InvalidRecordError("must be a string of 1 to 255 characters", field="target")
+    if not isinstance(source_key, str) or not 1 <= len(source_key) <= 255:
+        raise InvalidRecordError("must be a string of 1 to 255 characters", field="source_key")
+    if not isinstance(content, Mapping):
+        raise InvalidRecordError("must be a JSON object", field="content")
+    payload = canonical_encode({"target": target, "source_key": source_key, "content": dict(content)})
+    stamp = now or _utcnow()
+    with store.locked(
+        namespace, workflow_id, created_at=stamp, new_id=str(uuid.uuid4()), connection=connection
+    ) as locked:
+        return locked.append_event(
+            EventRow(
+                namespace=namespace,
+                instance_id=locked.instance.id,
+                run_id=locked.instance.current_run_id,
+                event_type=OUTBOX_EVENT,
+                command_id=None,
+                update_id=None,
+                payload=payload,
+                recorded_at=stamp,
+            )
+        )
+
+
+def read_cursor(connection: Connection, consumer: str) -> EventCursor:
+    """Where ``consumer`` stands in the event log (the start if it never moved)."""
+    row = connection.execute(
+        select(outbox_cursors.c.tx_id, outbox_cursors.c.position).where(outbox_cursors.c.consumer == consumer)
+    ).first()
+    return EventCursor() if row is None else EventCursor(int(row.tx_id), int(row.position))
+
+
+@dataclass(frozen=True)
+class RelayReport:
+    """What one relay pass did: events read, records accepted, duplicates, conflicts,
+    entries the worker refused (recorded as ``intake_refused`` events), and whether it
+    stopped early because the worker's queue was full (nothing dropped)."""
+
+    read: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+    conflicts: int = 0
+    refused: int = 0
+    blocked: bool = False
+
+
+def _report(tally: dict[str, int], *, blocked: bool) -> RelayReport:
+    return RelayReport(
+        tally["read"], tally["accepted"], tally["duplicate"], tally["conflict"], tally["refused"], blocked
+    )
+
+
+def _no_hook(_point: str) -> None:
+    return None
+
+
+class OutboxRelay:
+    """Moves outbox entries for one target from the event log into a worker's intake.
+
+    The worker must be on the store's database: the accept and the cursor
+    move share one transaction (``hook("before_commit")`` is called inside it,
+    for crash tests).  A conflicting entry (changed content under a
+    key already accepted) is passed over and counted, as the worker contract
+    refuses it; a full queue stops the pass before the entry, which is read
+    again next time.
+    """
+
+    def __init__(
+        self,
+        store: SqlStore,
+        worker: DurableWorker,
+        *,
+        target: str,
+        consumer: str | None = None,
+        now: Callable[[], datetime] = _utcnow,
+        hook: Callable[[str], None] = _no_hook,
+    ) -> None:
+        if worker.engine.url != store.engine.url:
+            raise InvalidRecordError("the worker must be on the store's database", field="worker")
+        self.store = store
+        self.worker = worker
+        self.target = target
+        self.consumer = consumer or f"worker:{worker.queue}:{target}"
+        self._now = now
+        self._hook = hook
+
+    def cursor(self) -> EventCursor:
+        """Where this relay stands."""
+        with self.store.engine.connect() as conn:
+            return read_cursor(conn, self.consumer)
+
+    def pump(self, limit: int = 100) -> RelayReport:
+        """One pass over at most ``limit`` events after the cursor."""
+        tally = {"read": 0, "accepted": 0, "duplicate": 0, "conflict": 0, "refused": 0}
+        for event in self.store.read_events(self.cursor(), limit):
+            try:
+                with self.store.begin() as conn:
+                    self._advance(conn, event)
+                    outcome = self._relay(conn, event)
+                    self._hook("before_commit")
+            except QueueFullError:
+                return _report(tally, blocked=True)
+            tally["read"] += 1
+            if outcome is not None:
+                tally[outcome] += 1
+        return _report(tally, blocked=False)
+
+    def _relay(self, conn: Connection, event: EventRow) -> str | None:
+        if event.event_type != OUTBOX_EVENT:
+            return None
+        entry = canonical_decode(event.payload)
+        if not isinstance(entry, dict) or entry.get("target") != self.target:
+            return None
+        content = entry.get("content")
+        source_key = entry.get("source_key")
+        record = {**content, "source_key": source_key} if isinstance(content, dict) else content
+        try:
+            return self.worker.accept(record, connection=conn).outcome
+        except (InvalidRecordError, ScopeMismatchError) as exc:
+            # Refused, not dropped: the refusal is an event of the worker's log,
+            # committed with the cursor move, so the entry is passed over visibly.
+            self.worker.record_refusal(conn, f"outbox event {event.position}: {exc}")
+            return "refused"
+
+    def _advance(self, conn: Connection, event: EventRow) -> None:
+        # Compare-and-set from the cursor this pass started at: a second relay
+        # that already moved past the event makes this one stop, not repeat.
+        current = read_cursor(conn, self.consumer)
+        if (event.tx_id, event.position) <= (current.tx_id, current.position):
+            raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")
+        values = {"tx_id": event.tx_id, "position": event.position, "updated_at": self._now()}
+        moved = conn.execute(
+            update(outbox_cursors)
+            .where(
+                outbox_cursors.c.consumer == self.consumer,
+                outbox_cursors.c.tx_id == current.tx_id,
+                outbox_cursors.c.position == current.position,
+            )
+            .values(**values)
+        ).rowcount
+        if not moved:
+            insert = postgresql.insert if self.store.postgres else sqlite.insert
+            inserted = conn.execute(
+                insert(outbox_cursors)
+                .values(consumer=self.consumer, **values)
+                .on_conflict_do_nothing(index_elements=["consumer"])
+            ).rowcount
+            if not inserted:
+                raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")

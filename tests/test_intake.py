@@ -1,0 +1,62 @@
+"""The pure intake rules (worker contract §1) as properties: scope, fields, bounds."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from admission.errors import InvalidRecordError, ScopeMismatchError
+from admission.intake import RESERVED_FIELDS, Scope, bounded_text, validate_record
+
+NAMES = st.builds(
+    lambda head, tail: head + tail,
+    st.sampled_from("abcdefghijklmnopqrstuvwxyz"),
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", max_size=10),
+).filter(lambda n: n not in RESERVED_FIELDS)
+VALUES = st.text(min_size=1, max_size=20)
+SCOPES = st.dictionaries(NAMES, VALUES, min_size=0, max_size=5).flatmap(
+    lambda extra: st.builds(lambda tenant: {"tenant": tenant, **extra}, VALUES)
+)
+
+
+@settings(max_examples=150)
+@given(SCOPES, st.data())
+def test_a_record_differing_in_any_scope_field_is_refused_naming_it(
+    scope: dict[str, str], data: st.DataObject
+) -> None:
+    parsed = Scope.parse(scope)
+    record = {**scope, "source_key": "k"}
+    source_key, content = validate_record(parsed, record, queue="q")
+    assert source_key == "k" and content
+    name = data.draw(st.sampled_from(sorted(scope)))
+    other = data.draw(VALUES.filter(lambda v: v != scope[name]))
+    with pytest.raises(ScopeMismatchError) as refused:
+        validate_record(parsed, {**record, name: other}, queue="q")
+    assert refused.value.field == name
+    with pytest.raises(InvalidRecordError) as missing:
+        validate_record(parsed, {k: v for k, v in record.items() if k != name}, queue="q")
+    assert missing.value.field == name
+
+
+@settings(max_examples=150)
+@given(SCOPES, NAMES)
+def test_a_field_outside_the_allowlist_is_refused_naming_it(scope: dict[str, str], extra: str) -> None:
+    assume(extra not in scope)
+    with pytest.raises(InvalidRecordError) as refused:
+        validate_record(Scope.parse(scope), {**scope, "source_key": "k", extra: 1}, queue="q")
+    assert refused.value.field == extra
+
+
+@settings(max_examples=150)
+@given(st.text(max_size=3000), st.integers(20, 2048))
+def test_bounded_text_never_exceeds_its_bound_and_marks_a_cut(text: str, limit: int) -> None:
+    bounded = bounded_text(text, limit)
+    assert len(bounded.encode("utf-8", "replace")) <= max(
+        limit,
+        len(text.encode("utf-8", "replace")) if len(text.encode("utf-8", "replace")) <= limit else limit,
+    )
+    if bounded != text:
+        assert bounded.endswith("...[truncated]")
+    else:
+        assert len(text.encode("utf-8", "replace")) <= limit
