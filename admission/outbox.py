@@ -20,13 +20,12 @@ from datetime import UTC, datetime
 from typing import Final
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from admission.encoding import canonical_decode, canonical_encode
 from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
 from admission.schema import outbox_cursors
-from admission.sql import SqlStore
+from admission.sql import SqlStore, insert_or_ignore
 from admission.store import EventCursor, EventRow
 from admission.worker import DurableWorker
 
@@ -200,11 +199,8 @@ class OutboxRelay:
             .values(**values)
         ).rowcount
         if not moved:
-            insert = postgresql.insert if self.store.postgres else sqlite.insert
-            inserted = conn.execute(
-                insert(outbox_cursors)
-                .values(consumer=self.consumer, **values)
-                .on_conflict_do_nothing(index_elements=["consumer"])
-            ).rowcount
+            inserted = insert_or_ignore(
+                conn, outbox_cursors, {"consumer": self.consumer, **values}, ["consumer"]
+            )
             if not inserted:
                 raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")

@@ -23,6 +23,7 @@ from typing import Any, Final
 from sqlalchemy import (
     Engine,
     Select,
+    Table,
     and_,
     bindparam,
     create_engine,
@@ -61,7 +62,7 @@ from admission.store import (
     UpdateRow,
 )
 
-__all__ = ["DEFAULT_URL", "SqlStore", "create_admission_engine", "normalize_url"]
+__all__ = ["DEFAULT_URL", "SqlStore", "create_admission_engine", "insert_or_ignore", "normalize_url"]
 
 DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 """The embedded default: a SQLite file in the working directory."""
@@ -115,6 +116,21 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
     return engine
+
+
+def insert_or_ignore(
+    connection: Connection, table: Table, values: Mapping[str, Any], index_elements: Sequence[str]
+) -> int:
+    """``INSERT ... ON CONFLICT (index_elements) DO NOTHING``; returns the number of rows inserted.
+
+    The one statement admission's other SQL modules need a dialect for; it
+    lives here so that this stays the only module with dialect branches.
+    """
+    dialect_insert = postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert
+    statement = dialect_insert(table).values(dict(values)).on_conflict_do_nothing(
+        index_elements=list(index_elements)
+    )
+    return int(connection.execute(statement).rowcount)
 
 
 def _utc(value: datetime | str) -> datetime:

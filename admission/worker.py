@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy import Engine, func, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -51,6 +50,7 @@ from admission.intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_t
 from admission.lease import Lease
 from admission.localfs import FileLock, write_json_atomically
 from admission.schema import worker_events, worker_leases, worker_queues, worker_records
+from admission.sql import insert_or_ignore
 from admission.targets import StatusRead, Target, TargetRecord
 from admission.writes import (
     CONFIRMED,
@@ -226,17 +226,18 @@ class DurableWorker:
     # -- the queue and its pinned scope (contract §1) -------------------------------------------
 
     def _open_queue(self) -> None:
-        insert = postgresql.insert if self._postgres else sqlite.insert
         with self._write() as conn:
-            conn.execute(
-                insert(worker_queues)
-                .values(queue=self.queue, scope=self.scope.encode(), created_at=self._now())
-                .on_conflict_do_nothing(index_elements=["queue"])
+            insert_or_ignore(
+                conn,
+                worker_queues,
+                {"queue": self.queue, "scope": self.scope.encode(), "created_at": self._now()},
+                ["queue"],
             )
-            conn.execute(
-                insert(worker_leases)
-                .values(queue=self.queue, token=0, holder=None, heartbeat=0, claimed_at=None)
-                .on_conflict_do_nothing(index_elements=["queue"])
+            insert_or_ignore(
+                conn,
+                worker_leases,
+                {"queue": self.queue, "token": 0, "holder": None, "heartbeat": 0, "claimed_at": None},
+                ["queue"],
             )
             pinned = conn.execute(
                 select(worker_queues.c.scope).where(worker_queues.c.queue == self.queue)
@@ -272,7 +273,6 @@ class DurableWorker:
         source_key, content = self.validate(record)
         tenant = self.scope.tenant
         records = worker_records.c
-        insert = postgresql.insert if self._postgres else sqlite.insert
         with self._write(connection) as conn:
             # Serialises intake per queue, so the bound holds under concurrent producers.
             conn.execute(
@@ -301,21 +301,22 @@ class DurableWorker:
                 )
             write_id = self._new_id()
             now = self._now()
-            inserted = conn.execute(
-                insert(worker_records)
-                .values(
-                    write_id=write_id,
-                    queue=self.queue,
-                    tenant=tenant,
-                    source_key=source_key,
-                    content=content,
-                    state=PREPARED,
-                    attempts=0,
-                    created_at=now,
-                    updated_at=now,
-                )
-                .on_conflict_do_nothing(index_elements=["queue", "tenant", "source_key"])
-            ).rowcount
+            inserted = insert_or_ignore(
+                conn,
+                worker_records,
+                {
+                    "write_id": write_id,
+                    "queue": self.queue,
+                    "tenant": tenant,
+                    "source_key": source_key,
+                    "content": content,
+                    "state": PREPARED,
+                    "attempts": 0,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+                ["queue", "tenant", "source_key"],
+            )
             if not inserted:  # pragma: no cover - the queue row lock above prevents this race
                 raise StorageError("a concurrent intake of the same key; retry")
             self._event(conn, write_id, "accepted", None, PREPARED, "record accepted", fence=None)
