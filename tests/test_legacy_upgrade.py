@@ -3,9 +3,11 @@
 A database an older engine wrote (``tools/legacy_fixtures.py``: revision 0001,
 every legacy receipt shape) is snapshotted in full, upgraded through the
 command line (``python -m admission --db URL db upgrade``), and snapshotted
-again.  The only differences allowed are the declared delta of revision 0002:
-three new nullable columns on ``workflow_commands`` (NULL in every existing
-row) and ``alembic_version`` 0001 -> 0002.  Every other table, column, index,
+again.  The only differences allowed are the declared delta of revisions
+0002 and 0003: three new nullable columns on ``workflow_commands`` (NULL in
+every existing row), the new, empty job tables ``worker_job*`` (with, on
+PostgreSQL, the unused sequence of ``worker_job_events``) and
+``alembic_version`` 0001 -> head.  Every other table, column, index,
 constraint, row (and, on PostgreSQL, sequence) is identical.
 """
 
@@ -24,6 +26,7 @@ from sqlalchemy import Engine, text
 
 from admission.errors import SchemaRevisionError
 from admission.outcomes import Decision
+from admission.schema import HEAD_REVISION
 from admission.service import AdmissionService
 from admission.sql import SqlStore, create_admission_engine
 from tests.backends import SQL_BACKENDS, PostgresPool, database_url
@@ -38,6 +41,19 @@ NEW_COLUMNS = {
     "intent_encoding": "VARCHAR(16)",
 }
 """Revision 0002's declared delta: these columns, nullable, without defaults, appended."""
+
+NEW_TABLES = (
+    "worker_job_attempts",
+    "worker_job_checkpoints",
+    "worker_job_dependencies",
+    "worker_job_events",
+    "worker_job_scopes",
+    "worker_jobs",
+)
+"""Revision 0003's declared delta: new tables only, created empty (docs/jobs.md)."""
+
+NEW_SEQUENCES = {"worker_job_events_position_seq": {"last_value": 1, "is_called": False}}
+"""PostgreSQL only: the sequence behind ``worker_job_events.position``, never used yet."""
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -69,9 +85,20 @@ def engine(legacy: tuple[str, LegacyManifest]) -> Iterator[Engine]:
     engine.dispose()
 
 
-def declared_delta(before: dict[str, Any]) -> dict[str, Any]:
-    """``before`` with exactly revision 0002's changes applied: what ``after`` must equal."""
+def declared_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """``before`` with exactly the changes of revisions 0002 and 0003 applied: what ``after`` must equal.
+
+    The new tables' definitions are taken from ``after`` (tests/test_migrations.py proves they
+    are the declared ones); here they must be new and empty.
+    """
     expected = copy.deepcopy(before)
+    for table in NEW_TABLES:
+        assert table not in before["tables"]
+        assert after["tables"][table]["rows"] == [], table
+        expected["tables"][table] = copy.deepcopy(after["tables"][table])
+    if before["dialect"] == "postgresql":
+        assert not NEW_SEQUENCES.keys() & before["sequences"].keys()
+        expected["sequences"].update(copy.deepcopy(NEW_SEQUENCES))
     commands = expected["tables"]["workflow_commands"]
     # What this dialect reports for a nullable VARCHAR without a default (autoincrement, ...).
     template = commands["columns"]["rejection_reason"]
@@ -83,7 +110,7 @@ def declared_delta(before: dict[str, Any]) -> dict[str, Any]:
         for row in commands["rows"]:
             row[name] = None
     assert expected["tables"]["alembic_version"]["rows"] == [{"version_num": "0001"}]
-    expected["tables"]["alembic_version"]["rows"] = [{"version_num": "0002"}]
+    expected["tables"]["alembic_version"]["rows"] = [{"version_num": HEAD_REVISION}]
     return expected
 
 
@@ -101,17 +128,23 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert (report["from_revision"], report["revision"]) == ("0001", "0002")
+    assert (report["from_revision"], report["revision"]) == ("0001", HEAD_REVISION)
 
     after = snapshot(engine)
-    assert diff_snapshots(declared_delta(before), after) == []
+    assert diff_snapshots(declared_delta(before, after), after) == []
 
     # The same, said as the raw difference: only workflow_commands and alembic_version, and only so much.
     lines = diff_snapshots(before, after)
     commands = len(before["tables"]["workflow_commands"]["rows"])
-    assert len(lines) == 3 + 1 + 3 * commands + 2, "\n".join(lines)
+    sequences = len(NEW_SEQUENCES) if before["dialect"] == "postgresql" else 0
+    assert len(lines) == 3 + 1 + 3 * commands + 2 + len(NEW_TABLES) + sequences, "\n".join(lines)
+    new_tables = tuple(f"tables.{table}: added " for table in NEW_TABLES)
+    new_sequences = tuple(f"sequences.{name}: added " for name in NEW_SEQUENCES)
     assert all(
-        line.startswith(("tables.workflow_commands.", "tables.alembic_version.rows[")) for line in lines
+        line.startswith(
+            ("tables.workflow_commands.", "tables.alembic_version.rows[", *new_tables, *new_sequences)
+        )
+        for line in lines
     ), "\n".join(lines)
     for row in after["tables"]["workflow_commands"]["rows"]:
         assert (row["intent_digest"], row["arguments_digest"], row["intent_encoding"]) == (None, None, None)
@@ -126,7 +159,7 @@ def test_upgrading_again_changes_nothing(legacy: tuple[str, LegacyManifest], eng
     once = snapshot(engine)
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["from_revision"] == "0002"
+    assert json.loads(result.stdout)["from_revision"] == HEAD_REVISION
     assert diff_snapshots(once, snapshot(engine)) == []
 
 
@@ -170,13 +203,13 @@ def test_db_check_exits_3_before_and_0_after(legacy: tuple[str, LegacyManifest])
     before = cli(url, "db", "check")
     assert before.returncode == 3, before.stderr
     report = json.loads(before.stdout)
-    assert (report["revision"], report["head"], report["ok"]) == ("0001", "0002", False)
+    assert (report["revision"], report["head"], report["ok"]) == ("0001", HEAD_REVISION, False)
     assert "admission db upgrade" in report["message"]
 
     assert cli(url, "db", "upgrade").returncode == 0
     after = cli(url, "db", "check")
     assert after.returncode == 0, after.stderr
-    assert json.loads(after.stdout)["revision"] == "0002"
+    assert json.loads(after.stdout)["revision"] == HEAD_REVISION
 
 
 def _stamp(engine: Engine, revision: str) -> None:
