@@ -607,7 +607,7 @@ class JobStore:
                     select(worker_jobs.c.job_id, worker_jobs.c.state).where(
                         worker_jobs.c.job_id.in_(list(fresh))
                     )
-                ).tuples()
+                )
             )
         return [
             answers.get(job.job_id) or EnqueueResult("enqueued", job.job_id, states[job.job_id])
@@ -635,7 +635,7 @@ class JobStore:
                 select(worker_jobs.c.job_id, worker_jobs.c.state).where(
                     worker_jobs.c.job_id.in_(list(wanted))
                 )
-            ).tuples()
+            )
         )
         for job, _ in fresh.values():
             for dep in job.depends_on:
@@ -1203,7 +1203,7 @@ class JobStore:
         if scope is not None:
             query = query.where(worker_jobs.c.scope == scope)
         with self._read() as conn:
-            return {str(state): int(n) for state, n in conn.execute(query).tuples()}
+            return {str(state): int(n) for state, n in conn.execute(query)}
 
 
 def _pairs(rows: Iterable[Any]) -> dict[str, str]:
