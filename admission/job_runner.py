@@ -55,7 +55,8 @@ class StepHandler(Protocol):
 
 
 Fault = Callable[[str, int], None]
-"""A test hook called at ``after_checkpoint`` (with the step) and ``after_publish`` (with the last step)."""
+"""A test hook called at ``after_checkpoint`` (with the step), ``after_record`` and ``after_publish``
+(with the last step): crash tests kill the process there."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,8 @@ class JobRunner:
             if control.cancel_requested:
                 return self._report(self.store.cancel_running(lease), steps, False)
         result = self.store.record_result(lease, outcome.result)
+        if self.fault is not None:
+            self.fault("after_record", steps[-1])
         if self.store.clock() >= deadline:
             # Too late to publish safely: the next owner recovers with the recorded ids.
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost", tuple(steps))
