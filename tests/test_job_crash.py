@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from admission.encoding import Value, canonical_encode
-from admission.errors import FencedError
+from admission.errors import FencedError, JobQueueFullError
 from admission.job_runner import Continue, Finish, JobRunner
 from admission.job_target import LocalPublisher
 from admission.jobs import Job, JobStore
@@ -109,6 +109,28 @@ def _stale_owner_process(db_url: str, job_id: str, go: Any, results: Any) -> Non
             refused.append((name, exc.code, exc.current_fence))
     results.put({"refused": refused})
     store.dispose()
+
+
+def _racer(db_url: str, action: str, index: int, barrier: Any, results: Any) -> None:
+    """Race the other racers at the barrier: claim the shared job, or enqueue jobs into the shared scope."""
+    store = open_jobs(db_url, max_waiting=RACE_BOUND)
+    store.status("shared")  # connect before the race, not during it
+    barrier.wait(WAIT)
+    answers: list[str] = []
+    if action == "claim":
+        answers.append(store.claim("shared").outcome)
+    else:
+        for n in range(RACE_BOUND):
+            try:
+                answers.append(store.enqueue(Job(f"r{index}-{n}", "raced", "count", {"steps": 1})).outcome)
+            except JobQueueFullError:
+                answers.append("full")
+    results.put(answers)
+    store.dispose()
+
+
+RACERS = 4
+RACE_BOUND = 10
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -271,4 +293,22 @@ def test_a_stale_owner_process_cannot_write_after_another_connection_reclaimed_i
     assert (view.state, view.fence, view.checkpoint_step) == ("running", 2, 1)
     assert reclaimer.checkpoint(new, 2, 3).deadline > 0
     reclaimer.dispose()
+    store.dispose()
+
+
+@pytest.mark.parametrize("action", ["claim", "enqueue"])
+def test_racing_processes_get_one_claim_and_never_pass_the_queue_bound(db_url: str, action: str) -> None:
+    store = enqueue(db_url, "shared")
+    barrier, results = CTX.Barrier(RACERS), CTX.Queue()
+    racers = [CTX.Process(target=_racer, args=(db_url, action, i, barrier, results)) for i in range(RACERS)]
+    with running(*racers):
+        answers = [a for _ in racers for a in results.get(timeout=WAIT)]
+    assert all(p.exitcode == 0 for p in racers)
+    if action == "claim":
+        assert sorted(answers) == ["claimed"] + ["not_claimable"] * (RACERS - 1)
+        assert store.status("shared").fence == 1
+        assert [e.event for e in store.events("shared")] == ["enqueue", "claim"]
+    else:
+        assert answers.count("enqueued") == RACE_BOUND and answers.count("full") == RACE_BOUND * (RACERS - 1)
+        assert store.counts("raced") == {"queued": RACE_BOUND}
     store.dispose()

@@ -488,6 +488,14 @@ class JobMachine(RuleBasedStateMachine):
         self.watch_then_claim(job_id)
         self.recover(job_id, -1)
 
+    @rule(job_id=jobs)
+    def reclaim_then_write_with_the_old_lease(self, job_id: str) -> None:
+        """The old owner of a reclaimed job comes back and writes: the model says refused."""
+        self.claim(job_id)
+        self.watch_then_claim(job_id)
+        self.checkpoint(job_id, -2)
+        self.fail(job_id, -2, retryable=True)
+
     @rule(job_id=jobs, retryable=st.booleans())
     def claim_then_fail(self, job_id: str, retryable: bool) -> None:
         self.claim(job_id)
