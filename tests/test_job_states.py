@@ -6,6 +6,7 @@ import ast
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +21,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import func, select
 
-from admission import job_states
+from admission import job_states, job_values
 from admission.encoding import canonical_encode
 from admission.errors import FencedError, JobQueueFullError, JobStateError
 from admission.job_states import (
@@ -85,8 +86,9 @@ def test_docs_hold_exactly_the_rendered_diagram() -> None:
         assert f"    {before} --> {after}: {event}\n" in rendered
 
 
-def test_the_pure_job_modules_import_no_sqlalchemy() -> None:
-    source = Path(job_states.__file__).read_text(encoding="utf-8")
+@pytest.mark.parametrize("module", [job_states, job_values])
+def test_the_pure_job_modules_import_no_sqlalchemy(module: ModuleType) -> None:
+    source = Path(str(module.__file__)).read_text(encoding="utf-8")
     imported = {
         alias.name.split(".")[0]
         for node in ast.walk(ast.parse(source))
@@ -97,7 +99,14 @@ def test_the_pure_job_modules_import_no_sqlalchemy() -> None:
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.ImportFrom)
     }
-    assert "sqlalchemy" not in imported
+    assert "sqlalchemy" not in imported and imported <= {
+        "__future__",
+        "collections",
+        "dataclasses",
+        "datetime",
+        "typing",
+        "admission",
+    }
 
 
 @given(st.lists(st.sampled_from(JOB_STATES), max_size=5))
