@@ -7,7 +7,7 @@ naming the field on stderr, exits 2 and writes nothing.
 Exit codes: 0 fresh or retained; 1 a check found a mismatch; 2 invalid
 input; 3 the database is not at the schema revision this version reads;
 4 refused by run state (``run_not_active``, ``rejected_not_current``, a
-lifecycle call that does not fit); 9 ``request_id_conflict``; 10
+lifecycle call that does not fit, a job event that does not fit its state); 9 ``request_id_conflict``; 10
 ``request_id_ambiguous``; 5 a storage failure.
 """
 
@@ -29,11 +29,18 @@ from admission.encoding import (
     canonical_encode,
     intent_digest,
 )
-from admission.errors import AdmissionError, RunStateError, SchemaRevisionError, StorageError
+from admission.errors import (
+    AdmissionError,
+    JobStateError,
+    RunStateError,
+    SchemaRevisionError,
+    StorageError,
+)
 from admission.keys import receipt_token, validate_request_id
 from admission.outcomes import Admission, Decision
 
 if TYPE_CHECKING:
+    from admission.jobs import JobStore
     from admission.service import AdmissionService
 
 __all__ = [
@@ -347,6 +354,76 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser ------------------------------------------------------------------------------
 
 
+# -- durable jobs (docs/jobs.md) ------------------------------------------------------------
+
+
+def _jobs(args: argparse.Namespace) -> JobStore:
+    from admission.jobs import JobStore
+
+    return JobStore.open(_db_url(args))
+
+
+def _cmd_jobs_status(args: argparse.Namespace) -> int:
+    store = _jobs(args)
+    try:
+        if args.job_id is None:
+            _print_json({"scope": args.scope, "counts": store.counts(args.scope)})
+        else:
+            report: dict[str, object] = store.status(args.job_id).to_dict()
+            if args.events:
+                report["events"] = [
+                    {**vars(e), "recorded_at": e.recorded_at.isoformat()} for e in store.events(args.job_id)
+                ]
+            _print_json(report)
+    finally:
+        store.dispose()
+    return EXIT_OK
+
+
+def _cmd_jobs_request(args: argparse.Namespace) -> int:
+    store = _jobs(args)
+    try:
+        view = getattr(store, args.jobs_command)(args.job_id)
+        _print_json(view.to_dict())
+    finally:
+        store.dispose()
+    return EXIT_OK
+
+
+def _cmd_jobs_resolve(args: argparse.Namespace) -> int:
+    store = _jobs(args)
+    try:
+        _print_json(store.resolve(args.job_id, args.outcome, who=args.who, why=args.why).to_dict())
+    finally:
+        store.dispose()
+    return EXIT_OK
+
+
+def _jobs_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    jobs = commands.add_parser("jobs", help="durable jobs: status, pause/resume/stop/cancel, resolve")
+    actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    status = actions.add_parser("status", help="a job as JSON, or the job counts by state")
+    status.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    status.add_argument("--scope", help="count only this scope's jobs (without JOB_ID)")
+    status.add_argument("--events", action="store_true", help="include the job's events")
+    status.set_defaults(handler=_cmd_jobs_status)
+    for name, text in (
+        ("pause", "stop new claims of the job"),
+        ("resume", "let a paused job be claimed again"),
+        ("stop", "prevent a new start of the job"),
+        ("cancel", "end a waiting job; mark a running one for reconciliation"),
+    ):
+        request = actions.add_parser(name, help=text)
+        request.add_argument("job_id", metavar="JOB_ID")
+        request.set_defaults(handler=_cmd_jobs_request)
+    resolve = actions.add_parser("resolve", help="settle a recovery_required job (recorded with who and why)")
+    resolve.add_argument("job_id", metavar="JOB_ID")
+    resolve.add_argument("--outcome", required=True, choices=("completed", "failed"))
+    resolve.add_argument("--who", required=True, help="who decided")
+    resolve.add_argument("--why", required=True, help="what was checked on the target")
+    resolve.set_defaults(handler=_cmd_jobs_resolve)
+
+
 def _instance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workflow_id", metavar="WORKFLOW_ID")
     parser.add_argument("--namespace", default="default", help="isolation boundary (default: default)")
@@ -449,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="play a lost response, a retry, a conflict and a burst")
     demo.add_argument("--workers", type=int, default=8, help="concurrent callers in the burst (default 8)")
     demo.set_defaults(handler=_cmd_demo)
+
+    _jobs_parser(commands)
     return parser
 
 
@@ -463,7 +542,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SchemaRevisionError as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_SCHEMA
-    except RunStateError as exc:
+    except (RunStateError, JobStateError) as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except StorageError as exc:
