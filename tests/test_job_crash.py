@@ -129,7 +129,7 @@ def _racer(db_url: str, action: str, index: int, barrier: Any, results: Any) -> 
     store.dispose()
 
 
-RACERS = 4
+RACERS = 3
 RACE_BOUND = 10
 
 

@@ -527,7 +527,7 @@ def test_the_store_agrees_with_the_reference_model(db_url: str, sql_backend: str
     JobMachine.store, JobMachine.clock, JobMachine.steps = store, clock, 0
     try:
         run_state_machine_as_test(
-            JobMachine, settings=settings(max_examples=30, stateful_step_count=30, deadline=None)
+            JobMachine, settings=settings(max_examples=20, stateful_step_count=30, deadline=None)
         )
     except BaseException:
         store.dispose()

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
-from admission.encoding import canonical_encode
+from admission.encoding import Value, canonical_encode
 from admission.errors import (
     FencedError,
     InvalidJobError,
@@ -19,7 +22,7 @@ from admission.errors import (
     UnknownJobError,
 )
 from admission.job_runner import JobRunner
-from admission.job_states import JOB_TRANSITIONS, PublishedResult
+from admission.job_states import JOB_TRANSITIONS, PublishedResult, find_cycle
 from admission.job_target import LocalPublisher
 from admission.jobs import (
     DEFAULT_MAX_ATTEMPTS,
@@ -580,3 +583,75 @@ def test_the_downgrade_of_0003_is_refused_while_jobs_exist(jobs: JobStore) -> No
     with pytest.raises(RuntimeError, match="refusing to downgrade"):
         downgrade(jobs.engine, "0002")
     assert revision_of(jobs.engine) == HEAD_REVISION
+
+
+# -- rules with a universal form, as properties -----------------------------------------------------------
+
+payloads = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def test_a_second_enqueue_is_a_duplicate_exactly_when_the_canonical_content_is_equal(jobs: JobStore) -> None:
+    ids = itertools.count()
+
+    @given(payloads, payloads, st.integers(1, 3), st.integers(1, 3))
+    @settings(max_examples=60, deadline=None)
+    def check(first: Value, second: Value, attempts_1: int, attempts_2: int) -> None:
+        job_id = f"p{next(ids)}"
+        a = Job(job_id, "props", "count", first, max_attempts=attempts_1)
+        b = Job(job_id, "props", "count", second, max_attempts=attempts_2)
+        jobs.enqueue(a)
+        jobs.cancel(job_id)  # keep the scope's queue free
+        same = canonical_encode(first) == canonical_encode(second) and attempts_1 == attempts_2
+        assert jobs.enqueue(b).outcome == ("duplicate" if same else "conflict")
+
+    check()
+
+
+def test_a_batch_is_refused_exactly_when_its_dependencies_have_a_cycle_and_then_writes_nothing(
+    jobs: JobStore,
+) -> None:
+    batches = itertools.count()
+
+    @given(
+        st.dictionaries(st.sampled_from("abcde"), st.lists(st.sampled_from("abcde"), unique=True, max_size=2))
+    )
+    @settings(max_examples=40, deadline=None)
+    def check(edges: dict[str, list[str]]) -> None:
+        prefix = f"b{next(batches)}-"
+        names = set(edges) | {d for ds in edges.values() for d in ds}
+        batch = [
+            Job(
+                prefix + n, f"scope-{prefix}", "count", depends_on=tuple(prefix + d for d in edges.get(n, []))
+            )
+            for n in sorted(names)
+        ]
+        cyclic = find_cycle(edges) is not None
+        before = counts(jobs.engine)
+        if cyclic:
+            with pytest.raises(InvalidJobError) as refused:
+                jobs.enqueue_all(batch)
+            assert refused.value.field == "depends_on"
+            assert counts(jobs.engine) == before
+        else:
+            answers = jobs.enqueue_all(batch)
+            assert {a.outcome for a in answers} <= {"enqueued"}
+            for answer, member in zip(answers, batch, strict=True):
+                assert answer.state == ("blocked" if member.depends_on else "queued")
+
+    check()
+
+
+@given(st.text(max_size=3000))
+@settings(max_examples=200)
+def test_bounded_diagnostic_always_fits_and_only_cuts_what_does_not(text: str) -> None:
+    cut = bounded_diagnostic(text)
+    assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES
+    fits = len(text.encode("utf-8", "replace")) <= MAX_DIAGNOSTIC_BYTES
+    if fits and text.encode("utf-8", "replace").decode() == text:
+        assert cut == text
+    elif not fits:
+        assert cut.endswith("bytes]") and "[truncated " in cut
