@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from admission.encoding import Value, canonical_encode
 from admission.errors import FencedError, JobQueueFullError
@@ -109,6 +110,23 @@ def _stale_owner_process(db_url: str, job_id: str, go: Any, results: Any) -> Non
             refused.append((name, exc.code, exc.current_fence))
     results.put({"refused": refused})
     store.dispose()
+
+
+def _die_inside_the_completion(db_url: str, target: str, log: str, dying: Any) -> None:
+    """Run the job; SIGKILL this process inside the completing transaction, before its commit."""
+    store = open_jobs(db_url)
+
+    def hook(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
+    ) -> None:
+        text = str(parameters)
+        if statement.lstrip().upper().startswith("INSERT INTO WORKER_JOB_EVENTS") and "'complete'" in text:
+            dying.set()  # synchronous, unlike a queue's feeder thread
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    event.listen(store.engine, "after_cursor_execute", hook)
+    runner = JobRunner(store, LocalPublisher(target), {"count": Counting(log=Path(log))})
+    runner.run("job")
 
 
 def _racer(db_url: str, action: str, index: int, barrier: Any, results: Any) -> None:
@@ -311,4 +329,27 @@ def test_racing_processes_get_one_claim_and_never_pass_the_queue_bound(db_url: s
     else:
         assert answers.count("enqueued") == RACE_BOUND and answers.count("full") == RACE_BOUND * (RACERS - 1)
         assert store.counts("raced") == {"queued": RACE_BOUND}
+    store.dispose()
+
+
+def test_a_runner_killed_inside_the_completing_transaction_leaves_neither_the_state_nor_its_event(
+    db_url: str, paths: tuple[str, str]
+) -> None:
+    store = enqueue(db_url)
+    dying = CTX.Event()
+    process = CTX.Process(target=_die_inside_the_completion, args=(db_url, *paths, dying))
+    with running(process):
+        pass
+    assert dying.is_set()
+    assert process.exitcode == -signal.SIGKILL
+    # The state change and its event were one transaction: both are gone, the publication is not.
+    view = store.status("job")
+    assert (view.state, view.reason) == ("running", "claimed")
+    assert "complete" not in [e.event for e in store.events("job")]
+    target = LocalPublisher(paths[0])
+    [published] = target.read_published("job")
+    exitcode, answer = run_process(db_url, paths)
+    assert (exitcode, answer["report"]["reason"]) == (0, "recovered_after_publish")
+    assert target.read_published("job") == [published]
+    assert [e.event for e in store.events("job")][-2:] == ["reclaim", "recovered_after_publish"]
     store.dispose()
