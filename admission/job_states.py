@@ -52,6 +52,7 @@ __all__ = [
     "JOB_EVENTS",
     "JOB_STATES",
     "JOB_TRANSITIONS",
+    "QUEUED_STATES",
     "WAITING_STATES",
     "PublicationVerdict",
     "PublishedResult",
@@ -78,7 +79,12 @@ FINAL_STATES: Final = frozenset({"completed", "failed", "cancelled"})
 """States no event leaves."""
 
 WAITING_STATES: Final = frozenset({"queued", "retry_wait", "blocked"})
-"""States that count against a scope's queue bound and that ``cancel`` ends at once."""
+"""States of a job waiting to run: ``cancel`` and ``stop`` end them at once."""
+
+QUEUED_STATES: Final = frozenset(JOB_STATES) - FINAL_STATES
+"""States that count against a scope's queue bound: every job not yet final.  A retry or a
+reclaim moves a job between these states, so it never grows the count, and the bound holds
+exactly with only enqueues taking the scope's lock (docs/jobs.md)."""
 
 JOB_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
     ("blocked", "unblock"): "queued",

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_WAITING: Final = 128
-"""Waiting jobs (queued, retry_wait, blocked) a scope may hold (worker contract §1)."""
+"""Jobs a scope may hold that are not yet final (worker contract §1: 128 waiting items)."""
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
 """Attempts a job gets unless it says otherwise (worker contract §1)."""

@@ -69,6 +69,7 @@ from admission.errors import (
 )
 from admission.job_states import (
     FINAL_STATES,
+    QUEUED_STATES,
     WAITING_STATES,
     PublicationVerdict,
     PublishedResult,
@@ -349,7 +350,7 @@ class JobStore:
         job, a dependency that exists neither in the database nor in the
         batch, a dependency cycle (a self-cycle included).  Refused with
         :class:`JobQueueFullError`: a scope that would hold more than its
-        bound of waiting jobs.  An id that exists is a ``duplicate`` (same
+        bound of unfinished jobs (``QUEUED_STATES``).  An id that exists is a ``duplicate`` (same
         canonical content) or a ``conflict`` (other content); a batch with a
         conflict writes nothing.
         """
@@ -447,12 +448,12 @@ class JobStore:
             waiting = tx.conn.execute(
                 select(func.count())
                 .select_from(worker_jobs)
-                .where(worker_jobs.c.scope == scope, worker_jobs.c.state.in_(sorted(WAITING_STATES)))
+                .where(worker_jobs.c.scope == scope, worker_jobs.c.state.in_(sorted(QUEUED_STATES)))
             ).scalar_one()
             adding = sum(1 for job, _ in fresh.values() if job.scope == scope)
             if waiting + adding > self.max_waiting:
                 raise JobQueueFullError(
-                    f"scope {scope!r} holds {waiting} waiting jobs; {adding} more would pass its bound "
+                    f"scope {scope!r} holds {waiting} unfinished jobs; {adding} more would pass its bound "
                     f"of {self.max_waiting}",
                     scope=scope,
                     waiting=waiting,

@@ -28,6 +28,7 @@ from admission.job_states import (
     FINAL_STATES,
     JOB_STATES,
     JOB_TRANSITIONS,
+    QUEUED_STATES,
     WAITING_STATES,
     PublishedResult,
     diagram,
@@ -231,7 +232,7 @@ class Model:
                     self.to(other_id, "dependency_failed")
 
     def enqueue(self, job_id: str, deps: tuple[str, ...], max_attempts: int) -> str:
-        waiting = sum(1 for j in self.jobs.values() if j.state in WAITING_STATES)
+        waiting = sum(1 for j in self.jobs.values() if j.state in QUEUED_STATES)
         if waiting + 1 > self.max_waiting:
             return "full"
         self.jobs[job_id] = ModelJob(deps, max_attempts, initial_state([self.jobs[d].state for d in deps]))

@@ -135,6 +135,27 @@ def test_a_batch_past_the_bound_is_refused_whole(db_url: str, clock: ManualClock
         store.dispose()
 
 
+def test_running_and_retrying_jobs_count_against_the_bound_so_a_retry_never_passes_it(
+    db_url: str, clock: ManualClock
+) -> None:
+    store = open_jobs(db_url, clock, max_waiting=2)
+    try:
+        store.enqueue_all([job("a"), job("b")])
+        lease = store.claim("a").lease
+        assert lease is not None
+        with pytest.raises(JobQueueFullError):
+            store.enqueue(job("c"))
+        store.fail(lease, "transient", retryable=True)
+        assert store.counts("tenant-a") == {"queued": 1, "retry_wait": 1}
+        with pytest.raises(JobQueueFullError) as refused:
+            store.enqueue(job("c"))
+        assert refused.value.waiting == 2
+        store.cancel("a")
+        assert store.enqueue(job("c")).outcome == "enqueued"
+    finally:
+        store.dispose()
+
+
 @pytest.mark.parametrize(
     ("bad", "field"),
     [
