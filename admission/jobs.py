@@ -669,8 +669,11 @@ class JobStore:
                 worker_jobs.c.state == "running",
             )
             .values(beat=worker_jobs.c.beat + 1, updated_at=tx.now, **values)
+            # The row as updated, in the same statement: no second read.
+            .returning(*worker_jobs.c)
         )
-        if result.rowcount != 1:
+        row = result.mappings().first()
+        if row is None:
             current = tx.conn.execute(
                 select(worker_jobs.c.fence, worker_jobs.c.state).where(worker_jobs.c.job_id == lease.job_id)
             ).first()
@@ -686,7 +689,7 @@ class JobStore:
                 current_fence=None if current is None else int(current.fence),
                 state=None if current is None else str(current.state),
             )
-        return self._locked_job(tx, lease.job_id)
+        return row
 
     def _control(self, row: Mapping[Any, Any], started: float) -> Control:
         return Control(
@@ -780,7 +783,8 @@ class JobStore:
                 )
             self._end_attempt(tx, lease.attempt_id, "completed", None)
             self._transition(tx, row, "complete", reason)
-        return self.status(lease.job_id)
+            view = self._view(tx.conn, lease.job_id)
+        return view
 
     def fail(self, lease: Lease, diagnostic: str | None, *, retryable: bool) -> JobView:
         """End the attempt as failed.
@@ -807,7 +811,8 @@ class JobStore:
                 event, reason = self._restart_refusal(row) or ("retryable_failure", "retryable_failure")
             self._end_attempt(tx, lease.attempt_id, reason, diagnostic)
             self._transition(tx, row, event, reason, detail=diagnostic)
-        return self.status(lease.job_id)
+            view = self._view(tx.conn, lease.job_id)
+        return view
 
     def cancel_running(self, lease: Lease) -> JobView:
         """The owner saw a cancel request at a step boundary and stops: the job is ``cancelled``."""
@@ -822,7 +827,8 @@ class JobStore:
                 )
             self._end_attempt(tx, lease.attempt_id, "cancelled", None)
             self._transition(tx, row, "cancelled_after_reconciliation", "cancelled")
-        return self.status(lease.job_id)
+            view = self._view(tx.conn, lease.job_id)
+        return view
 
     def recover(self, lease: Lease, published: Sequence[PublishedResult]) -> PublicationVerdict:
         """Judge what the target holds for a job whose result was recorded (contract §4).
@@ -870,7 +876,8 @@ class JobStore:
                     .values(**{flag: value, "updated_at": tx.now})
                 )
                 self._event(tx, job_id, event, row["state"], row["state"], event, fence=row["fence"])
-        return self.status(job_id)
+            view = self._view(tx.conn, job_id)
+        return view
 
     def pause(self, job_id: str) -> JobView:
         """Stop new claims (and reclaims) of the job until :meth:`resume`; its state is kept."""
@@ -900,7 +907,8 @@ class JobStore:
                 )
                 self._event(tx, job_id, flag, "running", "running", flag, fence=row["fence"])
             # A final job is left as it is; recovery_required is the operator's (resolve).
-        return self.status(job_id)
+            view = self._view(tx.conn, job_id)
+        return view
 
     def resolve(self, job_id: str, outcome: Literal["completed", "failed"], *, who: str, why: str) -> JobView:
         """An operator settles a ``recovery_required`` job after checking the target (records who, why)."""
@@ -911,23 +919,28 @@ class JobStore:
         with self._write() as tx:
             row = self._locked_job(tx, job_id)
             self._transition(tx, row, f"resolve_{outcome}", f"resolved_{outcome}", detail=f"{who}: {why}")
-        return self.status(job_id)
+            view = self._view(tx.conn, job_id)
+        return view
 
     # -- reads --
 
     def status(self, job_id: str) -> JobView:
         """The job as it is now."""
         with self._read() as conn:
-            row = conn.execute(select(worker_jobs).where(worker_jobs.c.job_id == job_id)).mappings().first()
-            if row is None:
-                raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
-            deps = tuple(
-                conn.execute(
-                    select(worker_job_dependencies.c.depends_on)
-                    .where(worker_job_dependencies.c.job_id == job_id)
-                    .order_by(worker_job_dependencies.c.depends_on)
-                ).scalars()
-            )
+            return self._view(conn, job_id)
+
+    def _view(self, conn: Connection, job_id: str) -> JobView:
+        """The job as ``conn`` sees it now."""
+        row = conn.execute(select(worker_jobs).where(worker_jobs.c.job_id == job_id)).mappings().first()
+        if row is None:
+            raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
+        deps = tuple(
+            conn.execute(
+                select(worker_job_dependencies.c.depends_on)
+                .where(worker_job_dependencies.c.job_id == job_id)
+                .order_by(worker_job_dependencies.c.depends_on)
+            ).scalars()
+        )
         return JobView(
             job_id=row["job_id"],
             scope=row["scope"],
