@@ -540,13 +540,7 @@ class JobStore:
                         return ClaimResult("final", job_id, final, reason)
                 event = "reclaim"
             else:
-                if row["stop_requested"] or row["cancel_requested"]:  # pragma: no cover - ended on request
-                    raise JobStateError(
-                        f"job {job_id!r} is {state} with a pending request",
-                        job_id=job_id,
-                        state=state,
-                        event="claim",
-                    )
+                # queued or retry_wait: a stop or cancel request would have ended it already.
                 event = "claim"
             return self._start_attempt(tx, row, event, started)
 
