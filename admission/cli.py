@@ -8,11 +8,12 @@ Exit codes: 0 fresh or retained; 1 a check found a mismatch; 2 invalid
 input; 3 the database is not at the schema revision this version reads;
 4 refused by run state (``run_not_active``, ``rejected_not_current``, a
 lifecycle call that does not fit; for ``worker``: a full queue, a record
-outside the scope, a record in the wrong state); 9 ``request_id_conflict``
-(``worker accept``: changed content under an accepted key); 10
-``request_id_ambiguous``; 11 another worker owns the queue (file lock or
-lease) or this one was fenced; 5 a storage failure; 73 the injected
-``crash-after-write`` fault (docs/worker.md).
+outside the scope, a record in the wrong state; for ``jobs``: an event that
+does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
+changed content under an accepted key); 10 ``request_id_ambiguous``; 11
+another worker owns the queue (file lock or lease) or this one was fenced; 5
+a storage failure; 73 the injected ``crash-after-write`` fault
+(docs/worker.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from admission.encoding import (
 from admission.errors import (
     AdmissionError,
     FencedError,
+    JobStateError,
     LeaseHeldError,
     QueueFullError,
     RecordStateError,
@@ -50,6 +52,7 @@ from admission.keys import receipt_token, validate_request_id
 from admission.outcomes import Admission, Decision
 
 if TYPE_CHECKING:
+    from admission.jobs import JobStore
     from admission.service import AdmissionService
     from admission.targets import Target
     from admission.worker import DurableWorker
@@ -404,6 +407,76 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # -- the parser ------------------------------------------------------------------------------
 
 
+# -- durable jobs (docs/jobs.md) ------------------------------------------------------------
+
+
+def _jobs(args: argparse.Namespace) -> JobStore:
+    from admission.jobs import JobStore
+
+    return JobStore.open(_db_url(args))
+
+
+def _cmd_jobs_status(args: argparse.Namespace) -> int:
+    store = _jobs(args)
+    try:
+        if args.job_id is None:
+            _print_json({"scope": args.scope, "counts": store.counts(args.scope)})
+        else:
+            report: dict[str, object] = store.status(args.job_id).to_dict()
+            if args.events:
+                report["events"] = [
+                    {**vars(e), "recorded_at": e.recorded_at.isoformat()} for e in store.events(args.job_id)
+                ]
+            _print_json(report)
+    finally:
+        store.dispose()
+    return EXIT_OK
+
+
+def _cmd_jobs_request(args: argparse.Namespace) -> int:
+    store = _jobs(args)
+    try:
+        view = getattr(store, args.jobs_command)(args.job_id)
+        _print_json(view.to_dict())
+    finally:
+        store.dispose()
+    return EXIT_OK
+
+
+def _cmd_jobs_resolve(args: argparse.Namespace) -> int:
+    store = _jobs(args)
+    try:
+        _print_json(store.resolve(args.job_id, args.outcome, who=args.who, why=args.why).to_dict())
+    finally:
+        store.dispose()
+    return EXIT_OK
+
+
+def _jobs_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    jobs = commands.add_parser("jobs", help="durable jobs: status, pause/resume/stop/cancel, resolve")
+    actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
+    status = actions.add_parser("status", help="a job as JSON, or the job counts by state")
+    status.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    status.add_argument("--scope", help="count only this scope's jobs (without JOB_ID)")
+    status.add_argument("--events", action="store_true", help="include the job's events")
+    status.set_defaults(handler=_cmd_jobs_status)
+    for name, text in (
+        ("pause", "stop new claims of the job"),
+        ("resume", "let a paused job be claimed again"),
+        ("stop", "prevent a new start of the job"),
+        ("cancel", "end a waiting job; mark a running one for reconciliation"),
+    ):
+        request = actions.add_parser(name, help=text)
+        request.add_argument("job_id", metavar="JOB_ID")
+        request.set_defaults(handler=_cmd_jobs_request)
+    resolve = actions.add_parser("resolve", help="settle a recovery_required job (recorded with who and why)")
+    resolve.add_argument("job_id", metavar="JOB_ID")
+    resolve.add_argument("--outcome", required=True, choices=("completed", "failed"))
+    resolve.add_argument("--who", required=True, help="who decided")
+    resolve.add_argument("--why", required=True, help="what was checked on the target")
+    resolve.set_defaults(handler=_cmd_jobs_resolve)
+
+
 def _instance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("workflow_id", metavar="WORKFLOW_ID")
     parser.add_argument("--namespace", default="default", help="isolation boundary (default: default)")
@@ -747,6 +820,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_cmd_demo)
 
     _worker_parser(commands)
+    _jobs_parser(commands)
     return parser
 
 
@@ -764,7 +838,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (WorkerLockedError, LeaseHeldError, FencedError) as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_OWNED
-    except (RunStateError, QueueFullError, ScopeMismatchError, RecordStateError) as exc:
+    except (RunStateError, JobStateError, QueueFullError, ScopeMismatchError, RecordStateError) as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     except StorageError as exc:

@@ -17,19 +17,25 @@ __all__ = [
     "BeforeWriteError",
     "FencedError",
     "InvalidCommandTypeError",
+    "InvalidJobError",
     "InvalidRecordError",
     "InvalidRequestIdError",
     "InvalidValueError",
+    "JobFencedError",
+    "JobQueueFullError",
+    "JobStateError",
     "LeaseHeldError",
     "QueueFullError",
     "RecordStateError",
     "ReservedRequestIdError",
+    "RetryableJobError",
     "RunStateError",
     "SchemaRevisionError",
     "ScopeMismatchError",
     "StorageError",
     "TargetTimeoutError",
     "UnknownCommandError",
+    "UnknownJobError",
     "UnknownUpdateError",
     "WorkerLockedError",
 ]
@@ -295,3 +301,78 @@ class TargetTimeoutError(AdmissionError, TimeoutError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
+class InvalidJobError(AdmissionError, ValueError):
+    """A job, or an argument of a job operation, is refused before anything is written.
+
+    ``field`` names the refused input (``"job_id"``, ``"depends_on"``,
+    ``"diagnostic"``, ...), ``reason`` says why, ``job_id`` is the job concerned.
+    """
+
+    code: ClassVar[str] = "job_invalid"
+
+    def __init__(self, reason: str, *, field: str, job_id: str | None = None) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.reason = reason
+        self.field = field
+        self.job_id = job_id
+
+
+class JobQueueFullError(AdmissionError, RuntimeError):
+    """A scope already holds its bound of waiting jobs (worker contract §1, §4): nothing was written."""
+
+    code: ClassVar[str] = "job_queue_full"
+
+    def __init__(self, message: str, *, scope: str, waiting: int, limit: int) -> None:
+        super().__init__(message)
+        self.scope = scope
+        self.waiting = waiting
+        self.limit = limit
+
+
+class JobStateError(AdmissionError, RuntimeError):
+    """An event does not apply to the job's state (the job transition table has no such row)."""
+
+    code: ClassVar[str] = "job_state"
+
+    def __init__(self, message: str, *, job_id: str, state: str, event: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+        self.event = event
+
+
+class JobFencedError(FencedError):
+    """The database refused a job write: the writer's fencing token is not the job's (worker contract §3).
+
+    The lease was reclaimed by a newer owner (``current_fence`` > ``fence``),
+    or the job left ``running``.  The writer must stop: it no longer owns the job.
+    """
+
+    code: ClassVar[str] = "job_fenced"
+
+    def __init__(
+        self, message: str, *, job_id: str, fence: int, current_fence: int | None, state: str | None
+    ) -> None:
+        # A job's fence lives on its own row, not on a queue's lease: skip
+        # FencedError's queue/token signature, keep its place in the tree.
+        AdmissionError.__init__(self, message)
+        self.job_id = job_id
+        self.fence = fence
+        self.current_fence = current_fence
+        self.state = state
+
+
+class UnknownJobError(AdmissionError, LookupError):
+    """No job with this id exists."""
+
+    code: ClassVar[str] = "job_unknown"
+
+    def __init__(self, message: str, *, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class RetryableJobError(AdmissionError, RuntimeError):
+    """Raised by a job step to say the failure is transient: the job may run again (``retry_wait``)."""
+
+    code: ClassVar[str] = "job_retryable"

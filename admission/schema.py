@@ -5,9 +5,11 @@ Table names follow the upstream engine (``workflow_instances``,
 ``workflow_history_events``) so that legacy receipt databases upgrade in
 place (contract §6).  Alembic owns the schema: ``admission/migrations``
 holds revision ``0001`` (the receipt schema before intents, the shape legacy
-databases have), ``0002`` (the intent columns, DDL only) and ``0003`` (the
+databases have), ``0002`` (the intent columns, DDL only), ``0003`` (the
 durable worker's tables and the outbox cursors, plus the fencing trigger on
-``worker_records`` that refuses a write carrying a stale lease token).  This module
+``worker_records`` that refuses a write carrying a stale lease token) and
+``0004`` (the durable job tables ``worker_job*``, worker contract §4;
+docs/jobs.md).  This module
 declares the head; a test proves ``upgrade head`` produces exactly it.
 
 Values stored as bytes (arguments, results, contexts, event payloads) are in
@@ -22,6 +24,7 @@ from typing import Final
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     ForeignKey,
@@ -45,6 +48,12 @@ __all__ = [
     "metadata",
     "outbox_cursors",
     "worker_events",
+    "worker_job_attempts",
+    "worker_job_checkpoints",
+    "worker_job_dependencies",
+    "worker_job_events",
+    "worker_job_scopes",
+    "worker_jobs",
     "worker_leases",
     "worker_queues",
     "worker_records",
@@ -55,10 +64,10 @@ __all__ = [
     "workflow_updates",
 ]
 
-HEAD_REVISION: Final = "0003"
+HEAD_REVISION: Final = "0004"
 """The schema revision this version of admission reads and writes."""
 
-KNOWN_REVISIONS: Final = ("0001", "0002", "0003")
+KNOWN_REVISIONS: Final = ("0001", "0002", "0003", "0004")
 """Every revision admission has shipped, oldest first."""
 
 NAMING_CONVENTION: Final = {
@@ -258,6 +267,108 @@ outbox_cursors = Table(
     Column("updated_at", _Time, nullable=False),
 )
 """Where each consumer of the event log stands (an EventCursor), moved with its effects."""
+
+# -- durable jobs (revision 0004; worker contract §3, §4; docs/jobs.md) ---------------------------
+
+worker_job_scopes = Table(
+    "worker_job_scopes",
+    metadata,
+    Column("scope", String(255), primary_key=True),
+    # The last queue position handed out in this scope: jobs are claimed in this order.
+    Column("last_position", BigInteger, nullable=False),
+    Column("created_at", _Time, nullable=False),
+)
+"""One row per job scope: the row an enqueue locks, so the queue bound is counted exactly."""
+
+worker_jobs = Table(
+    "worker_jobs",
+    metadata,
+    Column("job_id", String(128), primary_key=True),
+    Column("scope", String(255), ForeignKey("worker_job_scopes.scope"), nullable=False),
+    Column("position", BigInteger, nullable=False),
+    Column("kind", String(128), nullable=False),
+    Column("payload", LargeBinary, nullable=False),
+    # The canonical encoding of everything the caller gave (duplicate vs conflict).
+    Column("content", LargeBinary, nullable=False),
+    Column("state", String(24), nullable=False),
+    Column("reason", String(64), nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    # The fencing token: only grows, a new value on every claim (worker contract §3).
+    Column("fence", BigInteger, nullable=False),
+    # Bumped by every fenced write: a would-be reclaimer watches it on its own monotonic clock.
+    Column("beat", BigInteger, nullable=False),
+    Column("owner", String(128), nullable=True),
+    Column("attempt_id", String(36), nullable=True),
+    Column("paused", Boolean, nullable=False),
+    Column("cancel_requested", Boolean, nullable=False),
+    Column("stop_requested", Boolean, nullable=False),
+    Column("checkpoint_step", Integer, nullable=False),
+    # The result recorded before it is published, and the attempt that publishes it.
+    Column("publish_attempt_id", String(36), nullable=True),
+    Column("publish_result", LargeBinary, nullable=True),
+    Column("diagnostic", String(2048), nullable=True),
+    Column("created_at", _Time, nullable=False),
+    Column("updated_at", _Time, nullable=False),
+    UniqueConstraint("scope", "position"),
+    Index(None, "scope", "state"),
+)
+"""Durable jobs: state, fence, flags, the latest checkpoint step and the publish intent."""
+
+worker_job_dependencies = Table(
+    "worker_job_dependencies",
+    metadata,
+    Column("job_id", String(128), ForeignKey("worker_jobs.job_id"), primary_key=True),
+    Column("depends_on", String(128), ForeignKey("worker_jobs.job_id"), primary_key=True),
+    Index(None, "depends_on"),
+)
+"""Job ``job_id`` may be claimed only once job ``depends_on`` has completed."""
+
+worker_job_attempts = Table(
+    "worker_job_attempts",
+    metadata,
+    Column("attempt_id", String(36), primary_key=True),
+    Column("job_id", String(128), ForeignKey("worker_jobs.job_id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("owner", String(128), nullable=False),
+    Column("started_at", _Time, nullable=False),
+    Column("ended_at", _Time, nullable=True),
+    Column("outcome", String(64), nullable=True),
+    Column("diagnostic", String(2048), nullable=True),
+    UniqueConstraint("job_id", "number"),
+)
+"""One row per claim of a job (fresh or reclaim), with the fence it ran under."""
+
+worker_job_checkpoints = Table(
+    "worker_job_checkpoints",
+    metadata,
+    Column("job_id", String(128), ForeignKey("worker_jobs.job_id"), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("attempt_id", String(36), nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("state", LargeBinary, nullable=False),
+    Column("recorded_at", _Time, nullable=False),
+)
+"""Immutable step checkpoints: the state after step ``step``, in the canonical encoding."""
+
+worker_job_events = Table(
+    "worker_job_events",
+    metadata,
+    Column("position", _Position, primary_key=True, autoincrement=True),
+    Column("job_id", String(128), ForeignKey("worker_jobs.job_id"), nullable=False),
+    Column("event", String(64), nullable=False),
+    Column("from_state", String(24), nullable=True),
+    Column("to_state", String(24), nullable=False),
+    Column("reason", String(64), nullable=False),
+    Column("fence", BigInteger, nullable=True),
+    Column("attempt_id", String(36), nullable=True),
+    Column("detail", String(2048), nullable=True),
+    Column("recorded_at", _Time, nullable=False),
+    Index(None, "job_id", "position"),
+    sqlite_autoincrement=True,
+)
+"""Every job transition and request, written in the transaction that made it."""
 
 
 def current_revision(connection: Connection) -> str | None:

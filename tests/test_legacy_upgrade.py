@@ -5,9 +5,9 @@ every legacy receipt shape) is snapshotted in full, upgraded through the
 command line (``python -m admission --db URL db upgrade``), and snapshotted
 again.  The only differences allowed are the declared deltas: revision 0002's
 three new nullable columns on ``workflow_commands`` (NULL in every existing
-row), revision 0003's new, empty worker and outbox tables (exactly as a fresh
-database at the head has them, with their sequences on PostgreSQL), and
-``alembic_version`` 0001 -> 0003.  Every other table, column, index,
+row), the new, empty worker and outbox tables of revision 0003 and job tables
+of revision 0004 (exactly as a fresh database at the head has them, with their
+sequences on PostgreSQL), and ``alembic_version`` 0001 -> head.  Every other table, column, index,
 constraint, row (and, on PostgreSQL, sequence) is identical.
 """
 
@@ -26,6 +26,7 @@ from sqlalchemy import Engine, text
 
 from admission.errors import SchemaRevisionError
 from admission.outcomes import Decision
+from admission.schema import HEAD_REVISION
 from admission.service import AdmissionService
 from admission.sql import SqlStore, create_admission_engine
 from tests.backends import SQL_BACKENDS, PostgresPool, database_url
@@ -41,8 +42,20 @@ NEW_COLUMNS = {
 }
 """Revision 0002's declared delta: these columns, nullable, without defaults, appended."""
 
-NEW_TABLES = ("outbox_cursors", "worker_events", "worker_leases", "worker_queues", "worker_records")
-"""Revision 0003's declared delta: these tables, new and empty."""
+NEW_TABLES = (
+    "outbox_cursors",
+    "worker_events",
+    "worker_leases",
+    "worker_queues",
+    "worker_records",
+    "worker_job_attempts",
+    "worker_job_checkpoints",
+    "worker_job_dependencies",
+    "worker_job_events",
+    "worker_job_scopes",
+    "worker_jobs",
+)
+"""Revisions 0003 and 0004's declared delta: these tables, new and empty."""
 
 
 def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -76,7 +89,7 @@ def engine(legacy: tuple[str, LegacyManifest]) -> Iterator[Engine]:
 
 @pytest.fixture
 def fresh_head(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> dict[str, Any]:
-    """A snapshot of a fresh database at the head: where revision 0003's tables are declared."""
+    """A snapshot of a fresh database at the head: where the new tables are declared."""
     (tmp_path / "head").mkdir()
     engine = create_admission_engine(database_url(sql_backend, postgres_pool, tmp_path / "head"))
     try:
@@ -105,7 +118,7 @@ def declared_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, An
         for row in commands["rows"]:
             row[name] = None
     assert expected["tables"]["alembic_version"]["rows"] == [{"version_num": "0001"}]
-    expected["tables"]["alembic_version"]["rows"] = [{"version_num": "0003"}]
+    expected["tables"]["alembic_version"]["rows"] = [{"version_num": HEAD_REVISION}]
     return expected
 
 
@@ -123,7 +136,7 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert (report["from_revision"], report["revision"]) == ("0001", "0003")
+    assert (report["from_revision"], report["revision"]) == ("0001", HEAD_REVISION)
 
     after = snapshot(engine)
     assert diff_snapshots(declared_delta(before, fresh_head), after) == []
@@ -154,7 +167,7 @@ def test_upgrading_again_changes_nothing(legacy: tuple[str, LegacyManifest], eng
     once = snapshot(engine)
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["from_revision"] == "0003"
+    assert json.loads(result.stdout)["from_revision"] == HEAD_REVISION
     assert diff_snapshots(once, snapshot(engine)) == []
 
 
@@ -198,13 +211,13 @@ def test_db_check_exits_3_before_and_0_after(legacy: tuple[str, LegacyManifest])
     before = cli(url, "db", "check")
     assert before.returncode == 3, before.stderr
     report = json.loads(before.stdout)
-    assert (report["revision"], report["head"], report["ok"]) == ("0001", "0003", False)
+    assert (report["revision"], report["head"], report["ok"]) == ("0001", HEAD_REVISION, False)
     assert "admission db upgrade" in report["message"]
 
     assert cli(url, "db", "upgrade").returncode == 0
     after = cli(url, "db", "check")
     assert after.returncode == 0, after.stderr
-    assert json.loads(after.stdout)["revision"] == "0003"
+    assert json.loads(after.stdout)["revision"] == HEAD_REVISION
 
 
 def _stamp(engine: Engine, revision: str) -> None:

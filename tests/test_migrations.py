@@ -1,4 +1,4 @@
-"""Alembic owns the schema: revisions 0001 and 0002, shipped inside the package."""
+"""Alembic owns the schema: revisions 0001 to 0004, shipped inside the package."""
 
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ def fresh_engine(backend: str, pool: PostgresPool, tmp_path: Path):  # type: ign
     return create_admission_engine(database_url(backend, pool, tmp_path, migrated=False))
 
 
-def test_revisions_are_0001_0002_0003_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
+def test_revisions_are_0001_to_0004_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
     engine = create_admission_engine(f"sqlite:///{tmp_path / 'x.sqlite3'}")
     script = ScriptDirectory.from_config(alembic_config(engine))
     chain = [rev.revision for rev in reversed(list(script.walk_revisions()))]
-    assert chain == list(KNOWN_REVISIONS) == ["0001", "0002", "0003"]
+    assert chain == list(KNOWN_REVISIONS) == ["0001", "0002", "0003", "0004"]
     assert script.get_current_head() == HEAD_REVISION
 
 
@@ -90,7 +90,7 @@ def test_the_cli_upgrades_a_database(tmp_path: Path) -> None:
             timeout=120,
         )
         assert result.returncode == code, result.stderr
-    assert "0003" in result.stdout
+    assert HEAD_REVISION in result.stdout
 
 
 def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
@@ -107,6 +107,7 @@ def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
         "admission/migrations/versions/0001_receipts.py",
         "admission/migrations/versions/0002_intent.py",
         "admission/migrations/versions/0003_worker.py",
+        "admission/migrations/versions/0004_jobs.py",
         "admission/py.typed",
     ):
         assert required in names, required

@@ -1,0 +1,169 @@
+"""Runs durable jobs step by step: claim, resume, checkpoint, publish, acknowledge (worker contract §4).
+
+A job's kind names a :class:`StepHandler`: called with the job's payload, the
+step number and the state the previous step left, it returns
+:class:`Continue` (the new state, checkpointed before the next step) or
+:class:`Finish` (the result).  The runner owns the order of the writes:
+
+1. claim (a new fencing token);
+2. if the lease carries a recorded result, **recover** and execute nothing:
+   read the target back; consistent -> ``completed`` (``recovered_after_publish``),
+   inconsistent -> ``recovery_required``, absent -> publish again with the
+   recorded attempt id and result, then acknowledge;
+3. otherwise run steps from ``resume_step + 1``, checkpointing each;
+4. record the result (fenced), publish it, acknowledge (fenced).
+
+A step that raises :class:`~admission.errors.RetryableJobError` ends the
+attempt retryable, any other exception ends it failed.  A cancel request seen
+at a step boundary stops the job there.  The runner never publishes after its
+own lease deadline (monotonic clock): it stops and lets the next owner recover.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from admission.encoding import Value
+from admission.errors import JobFencedError, RetryableJobError
+from admission.jobs import JobStore, JobView, Lease, Publisher, bounded_diagnostic
+
+__all__ = ["Continue", "Finish", "JobRunner", "RunReport", "StepHandler"]
+
+
+@dataclass(frozen=True)
+class Continue:
+    """A step finished and the job goes on; ``state`` is checkpointed."""
+
+    state: Value
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The last step finished with ``result`` (published, then acknowledged)."""
+
+    result: Value
+
+
+class StepHandler(Protocol):
+    """One kind of job: run step ``step`` from ``state`` (``None`` before the first step)."""
+
+    def __call__(self, payload: Value, step: int, state: Value) -> Continue | Finish:
+        """Run one step."""
+
+
+Fault = Callable[[str, int], None]
+"""A test hook called at ``after_checkpoint`` (with the step), ``after_record`` and ``after_publish``
+(with the last step): crash tests kill the process there."""
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one ``run`` did.  ``steps`` are the step numbers executed in this run (none on recovery)."""
+
+    job_id: str
+    outcome: str
+    state: str
+    reason: str
+    steps: tuple[int, ...] = ()
+    published: bool = False
+
+
+class JobRunner:
+    """Claims and runs jobs of a :class:`~admission.jobs.JobStore`, publishing through a ``Publisher``."""
+
+    def __init__(
+        self,
+        store: JobStore,
+        publisher: Publisher,
+        handlers: Mapping[str, StepHandler],
+        *,
+        fault: Fault | None = None,
+    ) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.handlers = dict(handlers)
+        self.fault = fault
+
+    def run(self, job_id: str) -> RunReport:
+        """Claim ``job_id`` and take it as far as it goes; a final job is acknowledged, nothing runs."""
+        claim = self.store.claim(job_id)
+        if claim.lease is None:
+            outcome = "final" if claim.outcome == "final" else "not_claimable"
+            return RunReport(job_id, outcome, claim.state, claim.reason)
+        return self._own(claim.lease)
+
+    def run_next(self, scope: str) -> RunReport | None:
+        """Claim and run the oldest claimable job of ``scope``; ``None`` when there is none."""
+        claim = self.store.claim_next(scope)
+        if claim is None or claim.lease is None:
+            return None
+        return self._own(claim.lease)
+
+    def _own(self, lease: Lease) -> RunReport:
+        try:
+            if lease.publish_result is not None:
+                return self._recover(lease)
+            return self._execute(lease)
+        except JobFencedError as exc:
+            # Another owner took over: this one stops without touching anything else.
+            return RunReport(lease.job_id, "fenced", exc.state or "unknown", "fenced")
+
+    def _report(self, view: JobView, steps: list[int], published: bool) -> RunReport:
+        return RunReport(view.job_id, view.state, view.state, view.reason, tuple(steps), published)
+
+    def _execute(self, lease: Lease) -> RunReport:
+        handler = self.handlers.get(lease.kind)
+        if handler is None:
+            view = self.store.fail(lease, f"no handler for job kind {lease.kind!r}", retryable=False)
+            return self._report(view, [], False)
+        step, state, deadline = lease.resume_step, lease.resume_state, lease.deadline
+        steps: list[int] = []
+        while True:
+            number = step + 1
+            try:
+                outcome = handler(lease.payload, number, state)
+            except RetryableJobError as exc:
+                view = self.store.fail(lease, bounded_diagnostic(f"step {number}: {exc}"), retryable=True)
+                return self._report(view, steps, False)
+            except Exception:
+                diagnostic = bounded_diagnostic(f"step {number}: {traceback.format_exc()}")
+                view = self.store.fail(lease, diagnostic, retryable=False)
+                return self._report(view, steps, False)
+            steps.append(number)
+            if isinstance(outcome, Finish):
+                break
+            control = self.store.checkpoint(lease, number, outcome.state)
+            deadline = control.deadline
+            step, state = number, outcome.state
+            if self.fault is not None:
+                self.fault("after_checkpoint", number)
+            if control.cancel_requested:
+                return self._report(self.store.cancel_running(lease), steps, False)
+        result = self.store.record_result(lease, outcome.result)
+        if self.fault is not None:
+            self.fault("after_record", steps[-1])
+        if self.store.clock() >= deadline:
+            # Too late to publish safely: the next owner recovers with the recorded ids.
+            return RunReport(lease.job_id, "lease_lost", "running", "lease_lost", tuple(steps))
+        self.publisher.publish(lease.job_id, lease.attempt_id, result)
+        if self.fault is not None:
+            self.fault("after_publish", steps[-1])
+        view = self.store.complete(lease)
+        return self._report(view, steps, True)
+
+    def _recover(self, lease: Lease) -> RunReport:
+        assert lease.publish_result is not None and lease.publish_attempt_id is not None
+        verdict = self.store.recover(lease, self.publisher.read_published(lease.job_id))
+        if verdict != "absent":
+            return self._report(self.store.status(lease.job_id), [], False)
+        if self.store.clock() >= lease.deadline:
+            return RunReport(lease.job_id, "lease_lost", "running", "lease_lost")
+        # The publication never landed: replay it with the recorded ids (never re-execute).
+        self.publisher.publish(lease.job_id, lease.publish_attempt_id, lease.publish_result)
+        if self.fault is not None:
+            self.fault("after_publish", lease.resume_step)
+        view = self.store.complete(lease, reason="published_on_replay")
+        return self._report(view, [], True)

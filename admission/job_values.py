@@ -1,0 +1,276 @@
+"""The values of durable jobs and their validation (worker contract §1, §4), pure.
+
+What a caller enqueues (:class:`Job`), what the store answers
+(:class:`EnqueueResult`, :class:`ClaimResult`, :class:`JobView`,
+:class:`JobEvent`, :class:`Checkpoint`), what an owner holds (:class:`Lease`,
+:class:`Control`), the port to the target a result is published to
+(:class:`Publisher`), and the bounds.  ``admission.jobs`` re-exports them.
+
+Pure: no I/O, no clock, no SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, Literal, Protocol
+
+from admission.encoding import Value, canonical_encode
+from admission.errors import AdmissionError, InvalidJobError
+from admission.job_states import PublishedResult
+
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_WAITING",
+    "MAX_DIAGNOSTIC_BYTES",
+    "MAX_ID_LENGTH",
+    "MAX_PAYLOAD_BYTES",
+    "Checkpoint",
+    "ClaimResult",
+    "Control",
+    "EnqueueResult",
+    "Job",
+    "JobEvent",
+    "JobView",
+    "Lease",
+    "Publisher",
+    "bounded_diagnostic",
+    "check_diagnostic",
+    "check_text",
+    "validate_job",
+]
+
+DEFAULT_MAX_WAITING: Final = 128
+"""Jobs a scope may hold that are not yet final (worker contract §1: 128 waiting items)."""
+
+DEFAULT_MAX_ATTEMPTS: Final = 3
+"""Attempts a job gets unless it says otherwise (worker contract §1)."""
+
+MAX_ATTEMPTS_LIMIT: Final = 100
+MAX_DIAGNOSTIC_BYTES: Final = 2048
+"""A stored diagnostic is at most 2 KiB of UTF-8 (worker contract §1)."""
+
+DEFAULT_LEASE_SECONDS: Final = 30.0
+"""How long a lease lives without a fenced write (judged on a monotonic clock)."""
+
+MAX_ID_LENGTH: Final = 128
+MAX_SCOPE_LENGTH: Final = 255
+MAX_PAYLOAD_BYTES: Final = 64 * 1024
+
+
+# -- values ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a caller enqueues.  ``payload`` is any canonically encodable value."""
+
+    job_id: str
+    scope: str
+    kind: str
+    payload: Value = None
+    depends_on: tuple[str, ...] = ()
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """The answer to one enqueued job.
+
+    ``enqueued``: written now.  ``duplicate``: the same id with the same
+    canonical content exists (``state`` is its state; nothing written).
+    ``conflict``: the id exists with other content (nothing written).
+    ``aborted``: written nothing because another job of the same batch conflicted.
+    """
+
+    outcome: Literal["enqueued", "duplicate", "conflict", "aborted"]
+    job_id: str
+    state: str | None
+
+
+@dataclass(frozen=True)
+class JobView:
+    """A job's row as an operator sees it."""
+
+    job_id: str
+    scope: str
+    kind: str
+    state: str
+    reason: str
+    attempts: int
+    max_attempts: int
+    fence: int
+    paused: bool
+    cancel_requested: bool
+    stop_requested: bool
+    checkpoint_step: int
+    diagnostic: str | None
+    depends_on: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, object]:
+        """Plain JSON-ready data."""
+        return {**vars(self), "depends_on": list(self.depends_on)}
+
+
+@dataclass(frozen=True)
+class Lease:
+    """Ownership of one attempt of a job.  Every write of the owner carries ``fence``."""
+
+    job_id: str
+    fence: int
+    attempt_id: str
+    attempt_number: int
+    owner: str
+    kind: str
+    payload: Value
+    resume_step: int
+    """The last checkpointed step (0: none); the attempt resumes at ``resume_step + 1``."""
+    resume_state: Value
+    publish_attempt_id: str | None
+    """Set when a result was recorded before a crash: this lease recovers, never re-executes."""
+    publish_result: bytes | None
+    deadline: float
+    """The owner's own monotonic deadline: it stops writing to the outside after it."""
+
+
+@dataclass(frozen=True)
+class Control:
+    """What a fenced write tells the owner: its new deadline and the requests made meanwhile."""
+
+    deadline: float
+    cancel_requested: bool
+    stop_requested: bool
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """The answer to a claim.
+
+    ``claimed``: ``lease`` is yours.  ``final``: the job is (now) completed,
+    failed or cancelled; a duplicate delivery is acknowledged, nothing runs.
+    ``not_claimable``: ``reason`` says why (``blocked``, ``paused``,
+    ``lease_live``, ``recovery_required``).
+    """
+
+    outcome: Literal["claimed", "final", "not_claimable"]
+    job_id: str
+    state: str
+    reason: str
+    lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """An immutable step checkpoint."""
+
+    job_id: str
+    step: int
+    attempt_id: str
+    fence: int
+    state: Value
+    recorded_at: datetime
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """One row of ``worker_job_events``."""
+
+    position: int
+    job_id: str
+    event: str
+    from_state: str | None
+    to_state: str
+    reason: str
+    fence: int | None
+    attempt_id: str | None
+    detail: str | None
+    recorded_at: datetime
+
+
+class Publisher(Protocol):
+    """The port to the external target a job's result is published to.
+
+    ``publish`` must make the result visible under ``job_id`` with the given
+    ``attempt_id``; ``read_published`` returns every publication the target
+    holds for the job, so a second one shows (``admission.job_target`` is a
+    real local adapter).
+    """
+
+    def publish(self, job_id: str, attempt_id: str, result: bytes) -> None:
+        """Publish ``result`` (canonical bytes) for the job."""
+
+    def read_published(self, job_id: str) -> Sequence[PublishedResult]:
+        """Every publication the target holds for ``job_id``, oldest first."""
+
+
+# -- validation (pure) ---------------------------------------------------------------------------------
+
+
+def check_text(value: object, field: str, limit: int, job_id: str | None) -> str:
+    """Refuse a value that is not a printable string of 1..``limit`` characters, naming ``field``."""
+    if not isinstance(value, str):
+        raise InvalidJobError(f"must be a string, got {type(value).__name__}", field=field, job_id=job_id)
+    if not 1 <= len(value) <= limit:
+        raise InvalidJobError(f"must be 1..{limit} characters, got {len(value)}", field=field, job_id=job_id)
+    if not value.isprintable():
+        raise InvalidJobError("must hold printable characters only", field=field, job_id=job_id)
+    return value
+
+
+def validate_job(job: Job) -> bytes:
+    """Refuse a malformed job (naming the field and why); return its canonical content."""
+    job_id = check_text(job.job_id, "job_id", MAX_ID_LENGTH, None)
+    check_text(job.scope, "scope", MAX_SCOPE_LENGTH, job_id)
+    check_text(job.kind, "kind", MAX_ID_LENGTH, job_id)
+    if isinstance(job.max_attempts, bool) or not isinstance(job.max_attempts, int):
+        raise InvalidJobError("must be an int", field="max_attempts", job_id=job_id)
+    if not 1 <= job.max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidJobError(
+            f"must be 1..{MAX_ATTEMPTS_LIMIT}, got {job.max_attempts}", field="max_attempts", job_id=job_id
+        )
+    if not isinstance(job.depends_on, tuple):
+        raise InvalidJobError("must be a tuple of job ids", field="depends_on", job_id=job_id)
+    for dependency in job.depends_on:
+        check_text(dependency, "depends_on", MAX_ID_LENGTH, job_id)
+    if len(set(job.depends_on)) != len(job.depends_on):
+        raise InvalidJobError("names a job twice", field="depends_on", job_id=job_id)
+    if job_id in job.depends_on:
+        # The smallest cycle (contract §4): refused before anything else is looked up.
+        raise InvalidJobError(f"cycle {job_id} -> {job_id}", field="depends_on", job_id=job_id)
+    try:
+        canonical_encode(job.payload, max_size=MAX_PAYLOAD_BYTES)
+    except AdmissionError as exc:
+        raise InvalidJobError(str(exc), field="payload", job_id=job_id) from exc
+    content: dict[str, Value] = {
+        "scope": job.scope,
+        "kind": job.kind,
+        "payload": job.payload,
+        "depends_on": list[Value](sorted(job.depends_on)),
+        "max_attempts": job.max_attempts,
+    }
+    return canonical_encode(content, max_size=2 * MAX_PAYLOAD_BYTES)
+
+
+def check_diagnostic(diagnostic: str | None, job_id: str) -> None:
+    """Refuse a diagnostic over :data:`MAX_DIAGNOSTIC_BYTES` of UTF-8."""
+    if diagnostic is None:
+        return
+    if not isinstance(diagnostic, str):
+        raise InvalidJobError("must be a string", field="diagnostic", job_id=job_id)
+    size = len(diagnostic.encode("utf-8", "surrogatepass"))
+    if size > MAX_DIAGNOSTIC_BYTES:
+        raise InvalidJobError(
+            f"is {size} bytes of UTF-8, more than {MAX_DIAGNOSTIC_BYTES}", field="diagnostic", job_id=job_id
+        )
+
+
+def bounded_diagnostic(text: str) -> str:
+    """``text`` cut to fit :data:`MAX_DIAGNOSTIC_BYTES`, with a visible marker when cut (never silently)."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= MAX_DIAGNOSTIC_BYTES:
+        return data.decode("utf-8")
+    marker = f" [truncated {len(data)} bytes]"
+    head = data[: MAX_DIAGNOSTIC_BYTES - len(marker.encode()) - 16]
+    return head.decode("utf-8", "ignore") + marker
