@@ -51,7 +51,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from admission import canonical_encode
+from admission import canonical_decode, canonical_encode
 from admission.errors import RunStateError, UnknownCommandError, UnknownUpdateError
 from admission.outcomes import Admission, Decision
 from admission.service import AdmissionService, HistoryEvent, RunInfo
@@ -737,6 +737,10 @@ class Conformance(RuleBasedStateMachine):
 
     def finish(self, data: st.DataObject, anyone: bool, elsewhere: bool, status: str, value: object) -> None:
         inst, cmd, update_id = self.pick(data, "update", anyone, elsewhere)
+        if cmd is not None and cmd.status == status and data.draw(st.booleans(), label="repeat"):
+            # A finished update is finished again with its own value half of the time:
+            # the retry of a completion (contract §5) must not hinge on a lucky draw.
+            value = canonical_decode(cmd.result) if status == "completed" else cmd.failure
         encoded = canonical_encode(value)
 
         def call() -> Admission:
