@@ -118,7 +118,14 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+        if conn.get_execution_options().get(_WRITE):
+            # Admission's own write transactions: on the driver, because
+            # SQLAlchemy's execution path costs several times the statement.
+            # A busy timeout raises the driver's error, which SqlStore
+            # translates like SQLAlchemy's.
+            conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        else:
+            conn.exec_driver_sql("BEGIN")
 
     return engine
 
@@ -594,7 +601,7 @@ class _Raw:
     Engine-level execution events do not see these statements.
     """
 
-    __slots__ = ("_binds", "_positional", "sql")
+    __slots__ = ("_binds", "_names", "_positional", "sql")
 
     def __init__(
         self, statement: ClauseElement, dialect: Dialect, column_keys: Sequence[str] | None = None
@@ -605,6 +612,10 @@ class _Raw:
         by_name: dict[str, BindParameter[Any]] = {name: bind for bind, name in compiled.bind_names.items()}
         order = compiled.positiontup
         self._positional = order is not None
+        # The result's column names, taken from the first execution: every
+        # use of ``cursor.description`` makes psycopg build one object per
+        # column, which costs more than fetching the row.
+        self._names: list[str] | None = None
         names = list(order) if order is not None else list(by_name)
         # (rendered name, caller's key or None for a literal, processor, literal value)
         self._binds: list[tuple[str, str | None, Any, Any]] = []
@@ -630,14 +641,21 @@ class _Raw:
     def tuples(self, cursor: Any, params: Mapping[str, Any]) -> list[Any]:
         """Execute on ``cursor`` and return the driver's rows as they come, in column order."""
         cursor.execute(self.sql, self.parameters(params))
-        return [] if cursor.description is None else list(cursor.fetchall())
+        return list(cursor.fetchall())
 
     def rows(self, cursor: Any, params: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Execute on ``cursor`` and return every row as a dict by column name."""
         cursor.execute(self.sql, self.parameters(params))
-        if cursor.description is None:
-            return []
-        names = [column[0] for column in cursor.description]
+        return self.fetched(cursor)
+
+    def fetched(self, cursor: Any) -> list[dict[str, Any]]:
+        """The rows this statement returned on ``cursor``, as dicts by column name.
+
+        Only for statements that return rows (``SELECT``, ``RETURNING``).
+        """
+        names = self._names
+        if names is None:
+            names = self._names = [column[0] for column in cursor.description]
         # fetchall also finishes the statement (SQLite keeps an unfinished one active).
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
@@ -743,8 +761,14 @@ class SqlStore:
         self.engine = engine
         self.postgres = engine.dialect.name == "postgresql"
         self._raw = _Statements(engine.dialect)
+        # The engine with admission's write option set once, not per transaction.
+        self._write_engine = engine.execution_options(**{_WRITE: True})
         self._readers = _Readers(engine)
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        # psycopg's pipeline mode needs libpq 14 or later; without it the lock
+        # and the lookup take a round trip each.
+        pipeline = getattr(engine.dialect.loaded_dbapi, "Pipeline", None)
+        self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
         self._dbapi_integrity: type[Exception] = engine.dialect.loaded_dbapi.IntegrityError
         if check:
             with self._read() as conn:
@@ -773,10 +797,8 @@ class SqlStore:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
-            conn.execution_options(**{_WRITE: True})
-            with conn.begin():
-                yield conn
+        with self._write_engine.connect() as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -804,9 +826,10 @@ class SqlStore:
         self, conn: Connection, namespace: str, workflow_id: str, created_at: datetime, new_id: str
     ) -> _SqlLocked:
         params = {"namespace": namespace, "workflow_id": workflow_id}
-        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        query = self._raw.lock_postgres or self._raw.instance_lookup
-        rows = query.rows(cursor, params)
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        cursor = dbapi.cursor()
+        rows = self._lock_rows(dbapi, cursor, params)
         if not rows:
             values = {
                 "id": new_id,
@@ -823,11 +846,30 @@ class SqlStore:
                 .values(values)
                 .on_conflict_do_nothing(index_elements=["namespace", "workflow_id"])
             )
-            rows = query.rows(cursor, params)
-        if self.postgres:
-            rows = self._raw.instance_lookup.rows(cursor, params)
+            rows = self._lock_rows(dbapi, cursor, params)
         (row,) = rows
         return _SqlLocked(conn, cursor, row, self.postgres, self._raw)
+
+    def _lock_rows(self, dbapi: Any, cursor: Any, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Take the instance's lock and read it (no rows if it does not exist yet)."""
+        lookup = self._raw.instance_lookup
+        lock = self._raw.lock_postgres
+        if lock is None:
+            # SQLite: BEGIN IMMEDIATE already holds the lock.
+            return lookup.rows(cursor, params)
+        # PostgreSQL: the lock and the lookup are two statements (see
+        # _LOCK_POSTGRES), sent in one round trip.  The server runs them in
+        # order, so the lookup starts, with a new snapshot, only once the lock
+        # is granted, and sees every commit made before.
+        if not self._pipeline:
+            return lookup.rows(cursor, params) if lock.rows(cursor, params) else []
+        lookup_cursor = dbapi.cursor()
+        with dbapi.pipeline():
+            cursor.execute(lock.sql, lock.parameters(params))
+            lookup_cursor.execute(lookup.sql, lookup.parameters(params))
+        if not cursor.fetchall():
+            return []
+        return lookup.fetched(lookup_cursor)
 
     @contextmanager
     def _locked(
