@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -26,8 +26,10 @@ from typing import Any, Final
 from sqlalchemy import (
     BindParameter,
     ClauseElement,
+    CompoundSelect,
     Dialect,
     Engine,
+    Select,
     and_,
     bindparam,
     create_engine,
@@ -39,6 +41,7 @@ from sqlalchemy import (
     or_,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -301,40 +304,53 @@ _LOCK_POSTGRES = (
 _RUN = select(workflow_runs).where(
     workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
 )
-_COMMANDS_BY_KEY = (
-    select(workflow_commands)
-    .where(
+def _by_key(query: Callable[[str], Select[Any]]) -> CompoundSelect[Any]:
+    """``query`` for the token and for the raw key, as two point lookups.
+
+    ``request_id IN (token, raw)`` would do, but PostgreSQL plans it as a
+    filter over every command of the instance (an index scan on
+    ``(instance_id, command_type)`` only), so a lookup would grow with the
+    instance's history; each branch here is one probe of the unique index on
+    both backends.  Rows come unordered and, when the two values are the same,
+    twice: callers order them and drop repeats (:func:`_receipt_order`).
+    """
+    return union_all(query("token"), query("raw"))
+
+
+_COMMANDS_BY_KEY = _by_key(
+    lambda value: select(workflow_commands).where(
         workflow_commands.c.instance_id == _b("iid"),
         workflow_commands.c.command_type == _b("command_type"),
-        workflow_commands.c.request_id.in_([_b("token"), _b("raw")]),
+        workflow_commands.c.request_id == _b(value),
     )
-    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
 )
-# The unlocked receipt read of a retry.  Its rows are ordered in Python
-# (_receipt_order): at most two rows match, and sorting them there is cheaper
-# than the database's sort step.  Signals have no update rows, so their read
-# does not join workflow_updates.
-_RECEIPT_KEY = (
-    workflow_instances.c.namespace == _b("namespace"),
-    workflow_instances.c.workflow_id == _b("workflow_id"),
-    workflow_commands.c.command_type == _b("command_type"),
-    workflow_commands.c.request_id.in_([_b("token"), _b("raw")]),
-)
-_RECEIPTS = (
-    select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+# The unlocked receipt read of a retry.  Signals have no update rows, so their
+# read does not join workflow_updates.
+_RECEIPTS = _by_key(
+    lambda value: select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
     .select_from(
         workflow_commands.join(
             workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
         ).outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
     )
-    .where(*_RECEIPT_KEY)
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
 )
-_SIGNAL_RECEIPTS = (
-    select(workflow_commands)
+_SIGNAL_RECEIPTS = _by_key(
+    lambda value: select(workflow_commands)
     .select_from(
         workflow_commands.join(workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id)
     )
-    .where(*_RECEIPT_KEY)
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
 )
 _PENDING = (
     select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
@@ -387,6 +403,14 @@ def _key_values(request_ids: Sequence[str], postgres: bool) -> tuple[str, str] |
     if len(wanted) > 2:
         raise ValueError("a receipt lookup compares at most two values")
     return wanted[0], wanted[-1]
+
+
+def _receipt_order(
+    found: Sequence[tuple[CommandRow, UpdateRow | None]],
+) -> list[tuple[CommandRow, UpdateRow | None]]:
+    """Receipts by creation time, then sequence, each once (see :func:`_by_key`)."""
+    unique = {command.id: (command, update) for command, update in found}
+    return sorted(unique.values(), key=lambda pair: (pair[0].created_at, pair[0].command_sequence))
 
 
 def _current_run(row: Mapping[Any, Any]) -> RunRow | None:
@@ -459,7 +483,8 @@ class _SqlLocked:
             "token": values[0],
             "raw": values[1],
         }
-        return [_command(r) for r in self._raw.commands_by_key.rows(self._cursor, params)]
+        rows = [(_command(r), None) for r in self._raw.commands_by_key.rows(self._cursor, params)]
+        return [command for command, _ in (_receipt_order(rows) if len(rows) > 1 else rows)]
 
     def get_command(self, command_id: str) -> CommandRow | None:
         row = (
@@ -944,10 +969,7 @@ class SqlStore:
         except self._dbapi_error as exc:
             self._readers.discard()
             raise StorageError(f"the database is unavailable or busy: {exc}") from exc
-        if len(found) > 1:
-            # The order the lock's lookup uses (_COMMANDS_BY_KEY).
-            found.sort(key=lambda pair: (pair[0].created_at, pair[0].command_sequence))
-        return found
+        return _receipt_order(found) if len(found) > 1 else found
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""
