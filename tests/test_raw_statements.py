@@ -10,6 +10,7 @@ broken connection and threads.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import uuid
@@ -17,10 +18,12 @@ from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, insert, literal, text
 
+import admission.sql
 from admission.errors import StorageError
 from admission.keys import receipt_token
 from admission.outcomes import Admission, Decision
@@ -293,3 +296,29 @@ def first_instance(store: SqlStore, workflow: str) -> str:
     instance = store.find_instance("raw", workflow)
     assert instance is not None
     return instance.id
+
+
+def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_closed(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission.sql, "READER_RECYCLE_READS", 3)
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
+        keys = [receipt_token("signal", "k"), "k"]
+        connections = []
+        for _ in range(7):
+            (found,) = store.read_receipts("raw", workflow, "signal", keys)
+            assert found[0].request_id == keys[0]
+            connections.append(store._readers._local.held[1])  # type: ignore[attr-defined]
+        # Each connection serves at most 3 reads (the admission's own read
+        # counts too), in one run, and is closed once replaced.
+        runs = [list(group) for _, group in itertools.groupby(connections, key=id)]
+        assert len(runs) >= 2 and all(len(run) <= 3 for run in runs)
+        assert len({id(run[0]) for run in runs}) == len(runs)
+        for run in runs[:-1]:
+            with pytest.raises(Exception, match="closed"):
+                run[0].cursor().execute("SELECT 1")
+    finally:
+        store.dispose()
