@@ -301,7 +301,7 @@ def first_instance(store: SqlStore, workflow: str) -> str:
 def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_closed(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(admission.sql, "READER_RECYCLE_READS", 3)
+    monkeypatch.setattr(admission.sql, "REPLAN_AFTER", (3,))
     store = SqlStore.open(db_url)
     try:
         service, workflow, _ = _new_instance(store)
@@ -320,5 +320,32 @@ def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_
         for run in runs[:-1]:
             with pytest.raises(Exception, match="closed"):
                 run[0].cursor().execute("SELECT 1")
+    finally:
+        store.dispose()
+
+
+def test_write_connections_drop_their_prepared_statements_on_schedule_and_keep_answering_right(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission.sql, "REPLAN_AFTER", (7,))
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)  # one locked transaction so far
+        prepared: list[int] = []
+        for i in range(2, 30):
+            with store.begin() as conn:
+                fresh = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}", connection=conn)
+                assert fresh.decision is Decision.FRESH
+                if store.postgres:
+                    count = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
+                    prepared.append(int(count))
+            again = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
+            assert again.decision is Decision.RETAINED and again.command_id == fresh.command_id
+        if store.postgres:
+            # Locked transactions 7, 14, 21 and 28 started by dropping them all;
+            # in between, psycopg prepared the hot statements again.
+            for due in (7, 14, 21, 28):
+                assert prepared[due - 2] == 0
+            assert max(prepared) > 0
     finally:
         store.dispose()
