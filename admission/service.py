@@ -757,29 +757,41 @@ class AdmissionService:
         intent_verified: bool,
     ) -> Admission:
         rejected = row.outcome in REFUSALS
-        return Admission(
-            decision=decision,
-            outcome=self._row_outcome(row, update),
-            namespace=namespace,
-            workflow_id=workflow_id,
-            command_type="signal" if row.command_type == "signal" else "update",
-            request_id=key,
-            retained=decision is Decision.RETAINED,
-            intent_verified=intent_verified,
-            command_id=row.id,
-            run_id=row.run_id,
-            command_sequence=row.command_sequence,
-            received_at=row.created_at,
-            target_scope="run" if row.target_scope == "run" else "instance",
-            signal_status=row.status if row.command_type == "signal" and not rejected else None,
-            update_id=update.id if update else None,
-            update_status=update.status if update else None,
-            result=_result(update) if update is not None and update.status == "completed" else None,
-            failure=update.failure if update else None,
-            reason=row.rejection_reason,
-            requested_run_id=row.requested_run_id if rejected else None,
-            resolved_run_id=row.run_id if rejected else None,
-        )
+        is_signal = row.command_type == "signal"
+        # Every field of Admission is set, in a dict: skipping the frozen
+        # dataclass's __init__ (one object.__setattr__ per field, 26 of them)
+        # matters on the retry path, which answers from here.
+        values = {
+            "decision": decision,
+            "outcome": self._row_outcome(row, update),
+            "namespace": namespace,
+            "workflow_id": workflow_id,
+            "command_type": "signal" if is_signal else "update",
+            "request_id": key,
+            "retained": decision is Decision.RETAINED,
+            "intent_verified": intent_verified,
+            "command_id": row.id,
+            "run_id": row.run_id,
+            "command_sequence": row.command_sequence,
+            "received_at": row.created_at,
+            "target_scope": "run" if row.target_scope == "run" else "instance",
+            "signal_status": row.status if is_signal and not rejected else None,
+            "update_id": update.id if update else None,
+            "update_status": update.status if update else None,
+            "result": _result(update) if update is not None and update.status == "completed" else None,
+            "failure": update.failure if update else None,
+            "reason": row.rejection_reason,
+            "requested_run_id": row.requested_run_id if rejected else None,
+            "resolved_run_id": row.run_id if rejected else None,
+            "conflict": (),
+            "retained_command_id": None,
+            "retained_command_type": None,
+            "retained_outcome": None,
+            "ambiguity": None,
+        }
+        answer = object.__new__(Admission)
+        answer.__dict__.update(values)
+        return answer
 
     # -- update lifecycle -------------------------------------------------------------
 

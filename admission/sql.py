@@ -14,13 +14,20 @@ Driver errors are translated here, once, keeping the cause.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
+from dataclasses import fields
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from sqlalchemy import (
+    BindParameter,
+    ClauseElement,
+    CompoundSelect,
+    Dialect,
     Engine,
     Select,
     Table,
@@ -35,11 +42,13 @@ from sqlalchemy import (
     or_,
     select,
     tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, RowMapping, make_url
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.sql.compiler import SQLCompiler
 
 from admission.errors import AdmissionError, StorageError
 from admission.schema import (
@@ -113,7 +122,14 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+        if conn.get_execution_options().get(_WRITE):
+            # Admission's own write transactions: on the driver, because
+            # SQLAlchemy's execution path costs several times the statement.
+            # A busy timeout raises the driver's error, which SqlStore
+            # translates like SQLAlchemy's.
+            conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+        else:
+            conn.exec_driver_sql("BEGIN")
 
     return engine
 
@@ -168,7 +184,32 @@ def _bytes(value: object) -> bytes | None:
 
 
 def _command(row: Mapping[Any, Any]) -> CommandRow:
-    return CommandRow(
+    # Every field is set here, so the frozen dataclass's __init__ (one
+    # object.__setattr__ per field, 18 of them) can be skipped: on the retry
+    # path that __init__ costs about as much as the rest of the conversion.
+    command = object.__new__(CommandRow)
+    command.__dict__.update(_command_fields(row))
+    return command
+
+
+_COMMAND_FIELDS: Final = tuple(f.name for f in fields(CommandRow))
+if tuple(c.name for c in workflow_commands.c) != _COMMAND_FIELDS:  # pragma: no cover - a schema edit
+    raise ImportError("CommandRow's fields must be workflow_commands' columns, in table order")
+
+
+def _command_of_columns(values: Sequence[Any]) -> CommandRow:
+    """A command from a driver row of ``workflow_commands``' columns in table order."""
+    by_field = dict(zip(_COMMAND_FIELDS, values, strict=True))
+    by_field["context"] = _bytes(by_field["context"])
+    by_field["arguments"] = _bytes(by_field["arguments"])
+    by_field["created_at"] = _utc(by_field["created_at"])
+    command = object.__new__(CommandRow)
+    command.__dict__.update(by_field)
+    return command
+
+
+def _command_fields(row: Mapping[Any, Any]) -> dict[str, Any]:
+    return dict(
         id=row["id"],
         instance_id=row["instance_id"],
         run_id=row["run_id"],
@@ -230,11 +271,16 @@ _UNIQUE_SQLITE: Final = re.compile(r"UNIQUE constraint failed: (.+)$")
 
 def _constraint(exc: IntegrityError) -> str:
     """The name of the violated constraint (PostgreSQL), or its columns (SQLite)."""
-    diag = getattr(exc.orig, "diag", None)
+    return _constraint_of(exc.orig)
+
+
+def _constraint_of(error: object) -> str:
+    """:func:`_constraint` for the driver's own exception."""
+    diag = getattr(error, "diag", None)
     name = getattr(diag, "constraint_name", None)
     if name:
         return str(name)
-    match = _UNIQUE_SQLITE.search(str(exc.orig))
+    match = _UNIQUE_SQLITE.search(str(error))
     return match.group(1) if match else "unknown"
 
 
@@ -274,17 +320,30 @@ _LOCK_POSTGRES = (
 _RUN = select(workflow_runs).where(
     workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
 )
-_COMMANDS_BY_KEY = (
-    select(workflow_commands)
-    .where(
+def _by_key(query: Callable[[str], Select[Any]]) -> CompoundSelect[Any]:
+    """``query`` for the token and for the raw key, as two point lookups.
+
+    ``request_id IN (token, raw)`` would do, but PostgreSQL plans it as a
+    filter over every command of the instance (an index scan on
+    ``(instance_id, command_type)`` only), so a lookup would grow with the
+    instance's history; each branch here is one probe of the unique index on
+    both backends.  Rows come unordered and, when the two values are the same,
+    twice: callers order them and drop repeats (:func:`_receipt_order`).
+    """
+    return union_all(query("token"), query("raw"))
+
+
+_COMMANDS_BY_KEY = _by_key(
+    lambda value: select(workflow_commands).where(
         workflow_commands.c.instance_id == _b("iid"),
         workflow_commands.c.command_type == _b("command_type"),
-        workflow_commands.c.request_id.in_([_b("token"), _b("raw")]),
+        workflow_commands.c.request_id == _b(value),
     )
-    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
 )
-_RECEIPTS = (
-    select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+# The unlocked receipt read of a retry.  Signals have no update rows, so their
+# read does not join workflow_updates.
+_RECEIPTS = _by_key(
+    lambda value: select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
     .select_from(
         workflow_commands.join(
             workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
@@ -294,9 +353,20 @@ _RECEIPTS = (
         workflow_instances.c.namespace == _b("namespace"),
         workflow_instances.c.workflow_id == _b("workflow_id"),
         workflow_commands.c.command_type == _b("command_type"),
-        workflow_commands.c.request_id.in_([_b("token"), _b("raw")]),
+        workflow_commands.c.request_id == _b(value),
     )
-    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
+)
+_SIGNAL_RECEIPTS = _by_key(
+    lambda value: select(workflow_commands)
+    .select_from(
+        workflow_commands.join(workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id)
+    )
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
 )
 _PENDING = (
     select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
@@ -351,6 +421,14 @@ def _key_values(request_ids: Sequence[str], postgres: bool) -> tuple[str, str] |
     return wanted[0], wanted[-1]
 
 
+def _receipt_order(
+    found: Sequence[tuple[CommandRow, UpdateRow | None]],
+) -> list[tuple[CommandRow, UpdateRow | None]]:
+    """Receipts by creation time, then sequence, each once (see :func:`_by_key`)."""
+    unique = {command.id: (command, update) for command, update in found}
+    return sorted(unique.values(), key=lambda pair: (pair[0].created_at, pair[0].command_sequence))
+
+
 def _current_run(row: Mapping[Any, Any]) -> RunRow | None:
     if row["run_id"] is None:
         return None
@@ -385,8 +463,14 @@ def _optional_update(row: Mapping[Any, Any]) -> UpdateRow | None:
 class _SqlLocked:
     """One instance under the admission lock, on one connection."""
 
-    def __init__(self, conn: Connection, locked: RowMapping, postgres: bool) -> None:
+    def __init__(
+        self, conn: Connection, cursor: Any, locked: Mapping[str, Any], postgres: bool, raw: _Statements
+    ) -> None:
         self._conn = conn
+        # The DBAPI cursor of the same connection, inside the same transaction,
+        # for the hot statements (see _Raw).
+        self._cursor = cursor
+        self._raw = raw
         self._instance = _instance(locked)
         self._current = _current_run(locked)
         self._last_sequence: int = locked["last_sequence"] or 0
@@ -415,7 +499,8 @@ class _SqlLocked:
             "token": values[0],
             "raw": values[1],
         }
-        return [_command(r) for r in self._conn.execute(_COMMANDS_BY_KEY, params).mappings()]
+        rows = [(_command(r), None) for r in self._raw.commands_by_key.rows(self._cursor, params)]
+        return [command for command, _ in (_receipt_order(rows) if len(rows) > 1 else rows)]
 
     def get_command(self, command_id: str) -> CommandRow | None:
         row = (
@@ -436,8 +521,7 @@ class _SqlLocked:
         if row.request_id is None:
             self._conn.execute(_INSERT_COMMAND, values)
             return True
-        statement = _INSERT_KEYED_COMMAND["postgresql" if self._postgres else "sqlite"]
-        return self._conn.execute(statement, values).first() is not None
+        return bool(self._raw.insert_keyed_command.rows(self._cursor, values))
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
         row = self._conn.execute(_UPDATE_OF_COMMAND, {"command_id": command_id}).mappings().first()
@@ -541,39 +625,195 @@ class _SqlLocked:
         del values["position"], values["tx_id"]
         # On PostgreSQL tx_id is txid_current(): readers use it to never pass
         # an event that commits later (docs/event-log.md).
-        statement = _INSERT_EVENT["postgresql" if self._postgres else "sqlite"]
-        row = self._conn.execute(statement, values).one()
-        return EventRow(**{**_fields(event_row), "position": row.position, "tx_id": row.tx_id})
+        (row,) = self._raw.insert_event.rows(self._cursor, values)
+        return EventRow(**{**_fields(event_row), "position": row["position"], "tx_id": row["tx_id"]})
 
 
-class _DriverQuery:
-    """A Core statement compiled once for the engine's dialect, run on the driver directly.
+class _Raw:
+    """A Core statement compiled once for one dialect, executed on a DBAPI cursor.
 
-    For the one read on the retry path (a committed receipt): SQLAlchemy's
-    per-execution work costs several times the query itself there.  The SQL
-    is still the Core statement's, and its rows go through the same
-    converters.
+    For the admission hot path, where SQLAlchemy's per-execution work (event
+    dispatch, parameter construction, result set-up) costs several times the
+    statement itself.  The SQL is the Core statement's own compilation, and
+    every parameter goes through the bind processor of its type for this
+    dialect, which is what SQLAlchemy applies itself: a row written here is
+    stored exactly as Core would store it (``tests/test_raw_statements.py``).
+    Rows come back as the driver returns them, for the converters above.
+    Engine-level execution events do not see these statements.
     """
 
-    def __init__(self, statement: Select[Any], engine: Engine) -> None:
-        compiled = statement.compile(dialect=engine.dialect)
-        self.sql = compiled.string
-        self.positional = compiled.positiontup
+    __slots__ = ("_binds", "_names", "_positional", "sql")
 
-    def rows(self, engine: Engine, params: Mapping[str, Any]) -> list[dict[str, Any]]:
-        arguments = [params[name] for name in self.positional] if self.positional else dict(params)
-        connection = engine.raw_connection()
-        try:
-            cursor = connection.cursor()
-            try:
-                cursor.execute(self.sql, arguments)
-                names = [column[0] for column in cursor.description]
-                return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-            finally:
-                cursor.close()
-        finally:
-            # Back to the pool, which rolls the read transaction back.
-            connection.close()
+    def __init__(
+        self, statement: ClauseElement, dialect: Dialect, column_keys: Sequence[str] | None = None
+    ) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) if column_keys else None)
+        assert isinstance(compiled, SQLCompiler)
+        self.sql: str = compiled.string
+        by_name: dict[str, BindParameter[Any]] = {name: bind for bind, name in compiled.bind_names.items()}
+        order = compiled.positiontup
+        self._positional = order is not None
+        # The result's column names, taken from the first execution: every
+        # use of ``cursor.description`` makes psycopg build one object per
+        # column, which costs more than fetching the row.
+        self._names: list[str] | None = None
+        names = list(order) if order is not None else list(by_name)
+        # (rendered name, caller's key or None for a literal, processor, literal value)
+        self._binds: list[tuple[str, str | None, Any, Any]] = []
+        for name in names:
+            bind = by_name[name]
+            if bind.expanding:
+                raise ValueError("expanding parameters are not supported here")
+            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            # Anonymous binds (``literal(0)``) carry their value; named ones come from the caller.
+            key = None if bind.unique else bind.key
+            self._binds.append((name, key, processor, bind.value))
+
+    def parameters(self, params: Mapping[str, Any]) -> list[Any] | dict[str, Any]:
+        """The driver's parameters for ``params``, processed as SQLAlchemy processes them."""
+        values = []
+        for _, key, processor, literal_value in self._binds:
+            value = literal_value if key is None else params[key]
+            values.append(value if processor is None else processor(value))
+        if self._positional:
+            return values
+        return {name: value for (name, *_), value in zip(self._binds, values, strict=True)}
+
+    def tuples(self, cursor: Any, params: Mapping[str, Any]) -> list[Any]:
+        """Execute on ``cursor`` and return the driver's rows as they come, in column order."""
+        cursor.execute(self.sql, self.parameters(params))
+        return list(cursor.fetchall())
+
+    def rows(self, cursor: Any, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Execute on ``cursor`` and return every row as a dict by column name."""
+        cursor.execute(self.sql, self.parameters(params))
+        return self.fetched(cursor)
+
+    def fetched(self, cursor: Any) -> list[dict[str, Any]]:
+        """The rows this statement returned on ``cursor``, as dicts by column name.
+
+        Only for statements that return rows (``SELECT``, ``RETURNING``).
+        """
+        names = self._names
+        if names is None:
+            names = self._names = [column[0] for column in cursor.description]
+        # fetchall also finishes the statement (SQLite keeps an unfinished one active).
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+_COMMAND_KEYS: Final = tuple(c.name for c in workflow_commands.c)
+_EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
+
+
+class _Statements:
+    """The hot-path statements of one store, compiled for its dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        name = "postgresql" if dialect.name == "postgresql" else "sqlite"
+        self.instance_lookup = _Raw(_INSTANCE_LOOKUP, dialect)
+        self.lock_postgres = _Raw(_LOCK_POSTGRES, dialect) if name == "postgresql" else None
+        self.commands_by_key = _Raw(_COMMANDS_BY_KEY, dialect)
+        self.receipts = _Raw(_RECEIPTS, dialect)
+        self.signal_receipts = _Raw(_SIGNAL_RECEIPTS, dialect)
+        self.insert_keyed_command = _Raw(_INSERT_KEYED_COMMAND[name], dialect, _COMMAND_KEYS)
+        self.insert_event = _Raw(_INSERT_EVENT[name], dialect, _EVENT_KEYS)
+
+
+REPLAN_AFTER: Final = (100, 1_000, 10_000)
+"""Uses of a connection after which its statements are planned anew (then every 10,000).
+
+psycopg prepares a statement on the server after a few executions, and
+PostgreSQL keeps the generic plan it made then: a plan made while the tables
+were nearly empty (a new database) scans ``workflow_commands`` whole, and
+costs more with every command stored (1.6 ms against 0.13 ms after 3,000
+admissions).  Planning again for the tables as they are makes it a point
+probe for good.  The receipt-read connection is replaced; a write connection
+drops its prepared statements (``DEALLOCATE ALL``, which psycopg follows).
+"""
+
+_USES: Final = "admission_uses"
+
+
+def _replan_due(uses: int) -> bool:
+    return uses in REPLAN_AFTER or uses % REPLAN_AFTER[-1] == 0
+
+
+class _Readers:
+    """One autocommit driver connection per thread and process, for the unlocked receipt read.
+
+    A pooled connection would cost a checkout and, on return, a rollback: an
+    extra round trip per retry on PostgreSQL.  Each thread keeps its own
+    connection (a DBAPI connection is not safe to share between threads); a
+    process that forked gets new ones, and never closes or uses its parent's,
+    whose sockets it shares.  A connection that raised a driver error is
+    dropped and the next read opens a new one.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._local = threading.local()
+        self._mutex = threading.Lock()
+        self._open: list[tuple[int, Any]] = []
+        # Connections inherited through fork: kept referenced so that
+        # collecting them never closes the parent's session.
+        self._inherited: list[Any] = []
+
+    def cursor(self) -> Any:
+        """A cursor on this thread's connection, opened on first use."""
+        pid = os.getpid()
+        held = getattr(self._local, "held", None)
+        if held is not None and held[0] == pid:
+            held[3] += 1
+            if not _replan_due(held[3]):
+                return held[2]
+            uses = held[3]
+            self.discard()  # replaced, so that its statements are planned again (REPLAN_AFTER)
+        else:
+            uses = 0
+        connection = self._connect()
+        cursor = connection.cursor()
+        self._local.held = [pid, connection, cursor, uses]
+        with self._mutex:
+            self._open.append((pid, connection))
+        return cursor
+
+    def _connect(self) -> Any:
+        # A connection made by the engine's pool, so that its connect-time
+        # configuration (SQLite pragmas, connect_args) applies, then detached
+        # from the pool for good.
+        proxy = self._engine.raw_connection()
+        proxy.detach()
+        connection: Any = proxy.dbapi_connection
+        if self._engine.dialect.name == "postgresql":
+            connection.rollback()
+            connection.autocommit = True
+        # SQLite: the engine's connections already have isolation_level=None,
+        # so each SELECT is its own WAL read, without an explicit transaction.
+        return connection
+
+    def discard(self) -> None:
+        """Drop this thread's connection after a driver error."""
+        held = getattr(self._local, "held", None)
+        self._local.held = None
+        if held is None or held[0] != os.getpid():
+            return
+        with self._mutex:
+            self._open = [(p, c) for p, c in self._open if c is not held[1]]
+        # It is being thrown away because it failed; closing may fail too.
+        with suppress(Exception):
+            held[1].close()
+
+    def close(self) -> None:
+        """Close every connection this process opened; other threads reopen on their next read."""
+        pid = os.getpid()
+        with self._mutex:
+            mine = [c for p, c in self._open if p == pid]
+            self._inherited.extend(c for p, c in self._open if p != pid)
+            self._open = []
+            self._local = threading.local()
+        for connection in mine:
+            with suppress(Exception):  # best effort: the connection may already be broken
+                connection.close()
 
 
 class SqlStore:
@@ -586,7 +826,17 @@ class SqlStore:
     def __init__(self, engine: Engine, *, check: bool = True) -> None:
         self.engine = engine
         self.postgres = engine.dialect.name == "postgresql"
-        self._receipts = _DriverQuery(_RECEIPTS, engine)
+        self._raw = _Statements(engine.dialect)
+        # The engine with admission's write option set once, not per transaction.
+        self._write_engine = engine.execution_options(**{_WRITE: True})
+        self._readers = _Readers(engine)
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        # psycopg's pipeline mode needs libpq 14 or later; without it the lock
+        # and the lookup take a round trip each.
+        pipeline = getattr(engine.dialect.loaded_dbapi, "Pipeline", None)
+        self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
+        self._dbapi_integrity: type[Exception] = engine.dialect.loaded_dbapi.IntegrityError
+        self._dbapi_operational: type[Exception] = engine.dialect.loaded_dbapi.OperationalError
         if check:
             with self._read() as conn:
                 check_revision(conn)
@@ -597,7 +847,8 @@ class SqlStore:
         return cls(create_admission_engine(url, **engine_options))
 
     def dispose(self) -> None:
-        """Close the engine's pooled connections."""
+        """Close the engine's pooled connections and this process's receipt-read connections."""
+        self._readers.close()
         self.engine.dispose()
 
     @contextmanager
@@ -613,10 +864,8 @@ class SqlStore:
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
-            conn.execution_options(**{_WRITE: True})
-            with conn.begin():
-                yield conn
+        with self._write_engine.connect() as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
@@ -633,14 +882,31 @@ class SqlStore:
             ) from exc
         except OperationalError as exc:
             raise StorageError(f"the database is unavailable or busy: {exc.orig}") from exc
+        except self._dbapi_integrity as exc:
+            # The same refusal, raised by a statement run on the driver (_Raw).
+            name = _constraint_of(exc)
+            raise StorageError(f"the database refused a write ({name})", constraint=name) from exc
+        except self._dbapi_operational as exc:
+            raise StorageError(f"the database is unavailable or busy: {exc}") from exc
+        except self._dbapi_error as exc:
+            raise StorageError(f"the database refused an operation: {exc}") from exc
 
     def _lock(
         self, conn: Connection, namespace: str, workflow_id: str, created_at: datetime, new_id: str
     ) -> _SqlLocked:
         params = {"namespace": namespace, "workflow_id": workflow_id}
-        query = _LOCK_POSTGRES if self.postgres else _INSTANCE_LOOKUP
-        row = conn.execute(query, params).mappings().first()
-        if row is None:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        if self.postgres:
+            info = conn.connection.info
+            info[_USES] = uses = info.get(_USES, 0) + 1
+            if _replan_due(uses):
+                # See REPLAN_AFTER.  Allowed inside a transaction; a caller's
+                # own statements are prepared again too.
+                dbapi.execute("DEALLOCATE ALL")
+        cursor = dbapi.cursor()
+        rows = self._lock_rows(dbapi, cursor, params)
+        if not rows:
             values = {
                 "id": new_id,
                 "namespace": namespace,
@@ -656,10 +922,30 @@ class SqlStore:
                 .values(values)
                 .on_conflict_do_nothing(index_elements=["namespace", "workflow_id"])
             )
-            row = conn.execute(query, params).mappings().one()
-        if self.postgres:
-            row = conn.execute(_INSTANCE_LOOKUP, params).mappings().one()
-        return _SqlLocked(conn, row, self.postgres)
+            rows = self._lock_rows(dbapi, cursor, params)
+        (row,) = rows
+        return _SqlLocked(conn, cursor, row, self.postgres, self._raw)
+
+    def _lock_rows(self, dbapi: Any, cursor: Any, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Take the instance's lock and read it (no rows if it does not exist yet)."""
+        lookup = self._raw.instance_lookup
+        lock = self._raw.lock_postgres
+        if lock is None:
+            # SQLite: BEGIN IMMEDIATE already holds the lock.
+            return lookup.rows(cursor, params)
+        # PostgreSQL: the lock and the lookup are two statements (see
+        # _LOCK_POSTGRES), sent in one round trip.  The server runs them in
+        # order, so the lookup starts, with a new snapshot, only once the lock
+        # is granted, and sees every commit made before.
+        if not self._pipeline:
+            return lookup.rows(cursor, params) if lock.rows(cursor, params) else []
+        lookup_cursor = dbapi.cursor()
+        with dbapi.pipeline():
+            cursor.execute(lock.sql, lock.parameters(params))
+            lookup_cursor.execute(lookup.sql, lookup.parameters(params))
+        if not cursor.fetchall():
+            return []
+        return lookup.fetched(lookup_cursor)
 
     @contextmanager
     def _locked(
@@ -723,11 +1009,18 @@ class SqlStore:
             "token": values[0],
             "raw": values[1],
         }
+        found: list[tuple[CommandRow, UpdateRow | None]]
         try:
-            rows = self._receipts.rows(self.engine, params)
-        except self.engine.dialect.loaded_dbapi.Error as exc:
+            cursor = self._readers.cursor()
+            if command_type == "signal":
+                signals = self._raw.signal_receipts.tuples(cursor, params)
+                found = [(_command_of_columns(r), None) for r in signals]
+            else:
+                found = [(_command(r), _optional_update(r)) for r in self._raw.receipts.rows(cursor, params)]
+        except self._dbapi_error as exc:
+            self._readers.discard()
             raise StorageError(f"the database is unavailable or busy: {exc}") from exc
-        return [(_command(r), _optional_update(r)) for r in rows]
+        return _receipt_order(found) if len(found) > 1 else found
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""

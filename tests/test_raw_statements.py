@@ -1,0 +1,351 @@
+"""The hot path's driver-level statements: stored exactly as Core stores, read back the same.
+
+``admission.sql`` runs its hot statements on the DBAPI cursor (``_Raw``) and
+answers retries from a per-thread autocommit connection (``_Readers``).  These
+tests hold them to what SQLAlchemy Core would do: every column written raw is
+stored byte for byte like the same value written through Core, rows read raw
+convert to the same values, and the read connections survive a fork, a
+broken connection and threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import uuid
+from dataclasses import fields, replace
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import func, insert, literal, text
+
+import admission.sql
+from admission.errors import StorageError
+from admission.keys import receipt_token
+from admission.outcomes import Admission, Decision
+from admission.schema import workflow_commands, workflow_history_events
+from admission.service import AdmissionService
+from admission.sql import SqlStore
+from admission.store import CommandRow, EventRow
+
+ARGS = {"order_id": "o-1", "amount": 3}
+ZONES = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8)
+_MAYBE_TEXT = st.none() | _TEXT
+_MAYBE_BYTES = st.none() | st.binary(max_size=40)
+_WHEN = st.datetimes(
+    min_value=datetime(1971, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.sampled_from(ZONES)
+)
+
+
+def _stored_form(store: SqlStore, table: str, columns: list[str], key: str, value: object) -> list[object]:
+    """How the database holds each column of a row: type and literal (SQLite) or text (PostgreSQL)."""
+    if store.postgres:
+        selected = ", ".join(f"pg_typeof({c})::text, {c}::text" for c in columns)
+    else:
+        selected = ", ".join(f"typeof({c}), quote({c})" for c in columns)
+    with store.engine.connect() as conn:
+        row = conn.execute(text(f"SELECT {selected} FROM {table} WHERE {key} = :v"), {"v": value}).one()
+    return list(row)
+
+
+def _new_instance(store: SqlStore) -> tuple[AdmissionService, str, str]:
+    service = AdmissionService(store)
+    workflow = f"wf-{uuid.uuid4()}"
+    run = service.start_run("raw", workflow)
+    return service, workflow, run.run_id
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    when=_WHEN,
+    run=st.booleans(),
+    texts=st.lists(_TEXT, min_size=5, max_size=5),
+    optional=st.lists(_MAYBE_TEXT, min_size=5, max_size=5),
+    blobs=st.lists(_MAYBE_BYTES, min_size=3, max_size=3),
+)
+def test_rows_written_on_the_driver_are_stored_exactly_as_core_stores_them(
+    db_url: str,
+    when: datetime,
+    run: bool,
+    texts: list[str],
+    optional: list[str | None],
+    blobs: list[bytes | None],
+) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        _, workflow, run_id = _new_instance(store)
+        with store.locked("raw", workflow, created_at=when, new_id="unused") as tx:
+            iid = tx.instance.id
+            base = CommandRow(
+                id="",
+                instance_id=iid,
+                run_id=run_id if run else None,
+                command_sequence=0,
+                command_type=texts[0],
+                name=texts[1],
+                target_scope=texts[2],
+                requested_run_id=optional[0],
+                request_id=None,
+                context=blobs[0],
+                arguments=blobs[1],
+                status=texts[3],
+                outcome=texts[4],
+                rejection_reason=optional[1],
+                created_at=when,
+                intent_digest=optional[2],
+                arguments_digest=optional[3],
+                intent_encoding=optional[4],
+            )
+            raw = replace(base, id=str(uuid.uuid4()), command_sequence=1001, request_id=f"raw-{uuid.uuid4()}")
+            core = replace(
+                base, id=str(uuid.uuid4()), command_sequence=1002, request_id=f"core-{uuid.uuid4()}"
+            )
+            assert tx.insert_command(raw)  # the driver-level ON CONFLICT insert
+            conn = tx._conn  # type: ignore[attr-defined]
+            conn.execute(insert(workflow_commands), vars(core))
+            event = EventRow("raw", iid, raw.run_id, texts[0], raw.id, optional[0], blobs[2] or b"", when)
+            written = tx.append_event(event)  # the driver-level insert
+            tx_id = func.txid_current() if store.postgres else literal(0)
+            core_event = {k: v for k, v in vars(event).items() if k not in ("position", "tx_id")}
+            position = conn.execute(
+                insert(workflow_history_events)
+                .values(tx_id=tx_id)
+                .returning(workflow_history_events.c.position),
+                {**core_event, "command_id": core.id},
+            ).scalar_one()
+        same = [c.name for c in workflow_commands.c if c.name not in ("id", "command_sequence", "request_id")]
+        assert _stored_form(store, "workflow_commands", same, "id", raw.id) == _stored_form(
+            store, "workflow_commands", same, "id", core.id
+        )
+        event_columns = [
+            c.name for c in workflow_history_events.c if c.name not in ("position", "command_id")
+        ]
+        assert _stored_form(
+            store, "workflow_history_events", event_columns, "position", written.position
+        ) == (_stored_form(store, "workflow_history_events", event_columns, "position", position))
+        # The event's tx_id is the transaction's (docs/event-log.md), as Core's insert records it.
+        with store.engine.connect() as conn:
+            stored = conn.execute(
+                text("SELECT tx_id FROM workflow_history_events WHERE position IN (:a, :b)"),
+                {"a": written.position, "b": position},
+            ).scalars()
+            assert list(stored) == [written.tx_id] * 2
+    finally:
+        store.dispose()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    microsecond=st.integers(0, 999_999),
+    seconds=st.integers(0, 10**9),
+    key=st.text(
+        st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20
+    ).filter(lambda k: not k.startswith("workflow-signal:")),
+    kind=st.sampled_from(["signal", "update"]),
+)
+def test_receipts_read_on_the_driver_equal_what_the_lock_reads_through_core(
+    db_url: str, microsecond: int, seconds: int, key: str, kind: str
+) -> None:
+    now = datetime(2001, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds, microseconds=microsecond)
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service = AdmissionService(store, clock=lambda: now)
+        admit = service.admit_signal if kind == "signal" else service.admit_update
+        first = admit("raw", workflow, "n", ARGS, request_id=key)
+        assert first.decision is Decision.FRESH
+        token = receipt_token(kind, key)
+        ((unlocked, update),) = store.read_receipts("raw", workflow, kind, [token, key])
+        with store.locked("raw", workflow, created_at=now, new_id="unused") as tx:
+            (locked,) = tx.find_commands(kind, [token, key])
+            assert unlocked == locked
+            assert vars(unlocked) == vars(locked)
+            assert update == (tx.update_for_command(locked.id) if kind == "update" else None)
+        assert unlocked.created_at == now and unlocked.created_at.tzinfo is UTC
+        again = admit("raw", workflow, "n", ARGS, request_id=key)
+        assert again.decision is Decision.RETAINED
+        assert again.received_at == first.received_at == now
+        assert again.command_id == first.command_id
+        # Answers are built without Admission.__init__: every field is there,
+        # and the value equals the one __init__ builds.
+        for answer in (first, again):
+            assert set(vars(answer)) == {f.name for f in fields(Admission)}
+            assert Admission(**vars(answer)) == answer
+    finally:
+        store.dispose()
+
+
+def _reader_backend_pid(store: SqlStore) -> Any:
+    cursor = store._readers.cursor()  # type: ignore[attr-defined]
+    cursor.execute("SELECT pg_backend_pid()" if store.postgres else "SELECT 1")
+    return cursor.fetchall()[0][0]
+
+
+def test_a_broken_read_connection_fails_one_read_as_a_storage_error_and_is_replaced(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
+        keys = [receipt_token("signal", "k"), "k"]
+        assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
+        if store.postgres:
+            pid = _reader_backend_pid(store)
+            with store.engine.connect() as conn:
+                assert conn.execute(text("SELECT pg_terminate_backend(:p, 30000)"), {"p": pid}).scalar_one()
+        else:
+            store._readers._local.held[1].close()  # type: ignore[attr-defined]
+        failed = None
+        try:
+            store.read_receipts("raw", workflow, "signal", keys)
+        except StorageError as exc:
+            failed = exc
+        assert failed is not None and failed.__cause__ is not None
+        assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
+        assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
+    finally:
+        store.dispose()
+
+
+def test_each_thread_reads_on_its_own_connection(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        for i in range(4):
+            service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
+        cursors: list[Any] = []
+        errors: list[BaseException] = []
+
+        def read(i: int) -> None:
+            try:
+                for _ in range(50):
+                    found = store.read_receipts("raw", workflow, "signal", [receipt_token("signal", f"k{i}")])
+                    assert [row.request_id for row, _ in found] == [receipt_token("signal", f"k{i}")]
+                cursors.append(store._readers.cursor())  # type: ignore[attr-defined]
+            except BaseException as exc:  # reported below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert len({id(c.connection) for c in cursors}) == 4
+    finally:
+        store.dispose()
+
+
+def test_a_forked_child_reads_on_its_own_connection_and_leaves_the_parents_working(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
+        keys = [receipt_token("signal", "k"), "k"]
+        (before,) = store.read_receipts("raw", workflow, "signal", keys)  # opens the parent's connection
+        parent_backend = _reader_backend_pid(store)
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child; its exit status is the verdict
+            code = 1
+            try:
+                child_backend = _reader_backend_pid(store)
+                (found,) = store.read_receipts("raw", workflow, "signal", keys)
+                ok = found == before and (not store.postgres or child_backend != parent_backend)
+                store.dispose()  # must not close the parent's connection
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        # The parent's own connection still works, and is still the same session.
+        assert store.read_receipts("raw", workflow, "signal", keys) == [before]
+        assert _reader_backend_pid(store) == parent_backend
+    finally:
+        store.dispose()
+
+
+def test_a_refused_driver_level_write_is_a_storage_error_naming_the_constraint_and_writes_nothing(
+    db_url: str,
+) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
+        now = datetime.now(UTC)
+        refused = None
+        try:
+            with store.locked("raw", workflow, created_at=now, new_id="unused") as tx:
+                (row,) = tx.find_commands("signal", [receipt_token("signal", "k")])
+                tx.append_event(EventRow("raw", tx.instance.id, row.run_id, "Probe", None, None, b"", now))
+                # Same sequence as an existing command: the unique constraint refuses it.
+                tx.insert_command(replace(row, id=str(uuid.uuid4()), request_id="other"))
+        except StorageError as exc:
+            refused = exc
+        assert refused is not None
+        assert refused.constraint is not None and "command_sequence" in refused.constraint
+        assert [e.event_type for e in store.read_history(first_instance(store, workflow))].count("Probe") == 0
+    finally:
+        store.dispose()
+
+
+def first_instance(store: SqlStore, workflow: str) -> str:
+    instance = store.find_instance("raw", workflow)
+    assert instance is not None
+    return instance.id
+
+
+def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_closed(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission.sql, "REPLAN_AFTER", (3,))
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
+        keys = [receipt_token("signal", "k"), "k"]
+        connections = []
+        for _ in range(7):
+            (found,) = store.read_receipts("raw", workflow, "signal", keys)
+            assert found[0].request_id == keys[0]
+            connections.append(store._readers._local.held[1])  # type: ignore[attr-defined]
+        # Each connection serves at most 3 reads (the admission's own read
+        # counts too), in one run, and is closed once replaced.
+        runs = [list(group) for _, group in itertools.groupby(connections, key=id)]
+        assert len(runs) >= 2 and all(len(run) <= 3 for run in runs)
+        assert len({id(run[0]) for run in runs}) == len(runs)
+        for run in runs[:-1]:
+            with pytest.raises(Exception, match="closed"):
+                run[0].cursor().execute("SELECT 1")
+    finally:
+        store.dispose()
+
+
+def test_write_connections_drop_their_prepared_statements_on_schedule_and_keep_answering_right(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission.sql, "REPLAN_AFTER", (7,))
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)  # one locked transaction so far
+        prepared: list[int] = []
+        for i in range(2, 30):
+            with store.begin() as conn:
+                fresh = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}", connection=conn)
+                assert fresh.decision is Decision.FRESH
+                if store.postgres:
+                    count = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
+                    prepared.append(int(count))
+            again = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
+            assert again.decision is Decision.RETAINED and again.command_id == fresh.command_id
+        if store.postgres:
+            # Locked transactions 7, 14, 21 and 28 started by dropping them all;
+            # in between, psycopg prepared the hot statements again.
+            for due in (7, 14, 21, 28):
+                assert prepared[due - 2] == 0
+            assert max(prepared) > 0
+    finally:
+        store.dispose()
