@@ -71,7 +71,14 @@ from admission.store import (
     UpdateRow,
 )
 
-__all__ = ["DEFAULT_URL", "SqlStore", "create_admission_engine", "insert_or_ignore", "normalize_url"]
+__all__ = [
+    "DEFAULT_URL",
+    "BulkInsert",
+    "SqlStore",
+    "create_admission_engine",
+    "insert_or_ignore",
+    "normalize_url",
+]
 
 DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 """The embedded default: a SQLite file in the working directory."""
@@ -699,6 +706,39 @@ class _Raw:
             names = self._names = [column[0] for column in cursor.description]
         # fetchall also finishes the statement (SQLite keeps an unfinished one active).
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+class BulkInsert:
+    """Many rows into one table in one ``executemany`` on the transaction's own cursor.
+
+    For append-only logs written row by row on a hot path (the worker's
+    events): the INSERT is the Core statement's own compilation and every
+    value goes through its type's bind processor, as with :class:`_Raw`, so
+    the rows are stored exactly as Core would store them, without
+    SQLAlchemy's per-row parameter work.  ``keys`` are the columns given;
+    the others take their defaults (an autoincrement key).  Driver errors
+    become :class:`StorageError`, keeping the cause.
+    """
+
+    def __init__(self, table: Table, dialect: Dialect, keys: Sequence[str]) -> None:
+        self._raw = _Raw(table.insert(), dialect, keys)
+        self._error: type[Exception] = dialect.loaded_dbapi.Error
+
+    def insert(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Insert ``rows`` inside ``connection``'s transaction."""
+        if not rows:
+            return
+        dbapi = connection.connection.dbapi_connection
+        assert dbapi is not None
+        cursor: Any = dbapi.cursor()
+        try:
+            cursor.executemany(self._raw.sql, [self._raw.parameters(row) for row in rows])
+        except self._error as exc:
+            raise StorageError(
+                f"the database refused a write ({_constraint_of(exc)})", constraint=_constraint_of(exc)
+            ) from exc
+        finally:
+            cursor.close()
 
 
 _COMMAND_KEYS: Final = tuple(c.name for c in workflow_commands.c)

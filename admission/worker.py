@@ -50,7 +50,7 @@ from admission.intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_t
 from admission.lease import Lease
 from admission.localfs import FileLock, write_json_atomically
 from admission.schema import worker_events, worker_leases, worker_queues, worker_records
-from admission.sql import insert_or_ignore
+from admission.sql import BulkInsert, insert_or_ignore
 from admission.targets import StatusRead, Target, TargetRecord
 from admission.writes import (
     CONFIRMED,
@@ -80,6 +80,9 @@ CRASH_POINTS: Final = ("before_dispatch", "after_in_flight", "after_target_commi
 """The named points of a send at which the worker calls its ``hook`` (crash tests stop it there)."""
 
 _ACKNOWLEDGED: Final = "the target acknowledged the write"
+_EVENT_KEYS: Final = (
+    "queue", "write_id", "event_type", "from_state", "to_state", "reason", "actor", "fence", "recorded_at"
+)
 _WRITE_OPTION: Final = "admission_write"
 
 
@@ -163,6 +166,8 @@ class DurableWorker:
             raise InvalidRecordError("must be an integer from 1 to 1000", field="send_batch")
         self.send_batch = send_batch
         self._postgres = engine.dialect.name == "postgresql"
+        # A transition of a batch writes one event per record: on the hot path.
+        self._events = BulkInsert(worker_events, engine.dialect, _EVENT_KEYS)
         if file_lock is None:
             file_lock = lock_path is not None or not self._postgres
         if file_lock and lock_path is None:
@@ -556,8 +561,8 @@ class DurableWorker:
             raise RecordStateError(
                 f"records changed state under the worker ({event})", write_id=None, state=state
             )
-        conn.execute(
-            worker_events.insert(),
+        self._events.insert(
+            conn,
             [
                 {
                     "queue": self.queue,

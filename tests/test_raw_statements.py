@@ -349,3 +349,46 @@ def test_write_connections_drop_their_prepared_statements_on_schedule_and_keep_a
             assert max(prepared) > 0
     finally:
         store.dispose()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    when=_WHEN, texts=st.lists(_TEXT, min_size=4, max_size=4), actor=_MAYBE_TEXT, fence=st.integers(0, 2**62)
+)
+def test_bulk_inserted_rows_are_stored_exactly_as_core_stores_them(
+    db_url: str, when: datetime, texts: list[str], actor: str | None, fence: int
+) -> None:
+    from admission.schema import worker_events
+
+    store = SqlStore.open(db_url)
+    keys = ["queue", "write_id", "event_type", "from_state", "to_state", "reason", "actor", "fence"]
+    keys.append("recorded_at")
+    columns = [c for c in keys if c != "write_id"]
+    bulk = admission.sql.BulkInsert(worker_events, store.engine.dialect, keys)
+    try:
+        row = dict(zip(["event_type", "from_state", "to_state", "reason"], texts, strict=True))
+        row.update(queue="q", actor=actor, fence=fence, recorded_at=when)
+        raw_id, core_id = f"raw-{uuid.uuid4().hex[:24]}", f"core-{uuid.uuid4().hex[:24]}"
+        with store.engine.begin() as conn:
+            bulk.insert(conn, [{**row, "write_id": raw_id}, {**row, "write_id": f"{raw_id}-2"}])
+            conn.execute(insert(worker_events).values(**row, write_id=core_id))
+        raw = _stored_form(store, "worker_events", columns, "write_id", raw_id)
+        assert raw == _stored_form(store, "worker_events", columns, "write_id", core_id)
+        assert raw == _stored_form(store, "worker_events", columns, "write_id", f"{raw_id}-2")
+    finally:
+        store.dispose()
+
+
+def test_a_bulk_insert_the_database_refuses_is_a_storage_error_and_writes_nothing(db_url: str) -> None:
+    from admission.schema import worker_events
+
+    store = SqlStore.open(db_url)
+    bulk = admission.sql.BulkInsert(worker_events, store.engine.dialect, ["queue", "write_id", "event_type"])
+    try:
+        with pytest.raises(StorageError), store.engine.begin() as conn:
+            # recorded_at is NOT NULL and not given: the driver refuses the batch.
+            bulk.insert(conn, [{"queue": "q", "write_id": "w", "event_type": "x"}])
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM worker_events")).scalar_one() == 0
+    finally:
+        store.dispose()
