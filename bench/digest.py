@@ -22,18 +22,25 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import canonicaljson
 import cbor2
 import rfc8785
 
-import admission
-from admission import encoding
+# bench/admission.py would shadow the package when run as a script.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+import admission  # noqa: E402
+from admission import encoding  # noqa: E402
 
 
 def payload(items: int, seed: int = 7) -> dict[str, object]:
