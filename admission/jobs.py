@@ -107,7 +107,7 @@ from admission.schema import (
     worker_job_scopes,
     worker_jobs,
 )
-from admission.sql import create_admission_engine, insert_or_ignore
+from admission.sql import as_utc, create_admission_engine, insert_or_ignore
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -134,12 +134,6 @@ _CLAIM_SCAN: Final = 64
 
 def _default_owner() -> str:
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-
-
-def _utc(value: datetime | str) -> datetime:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 # -- the store -------------------------------------------------------------------------------------------
@@ -963,7 +957,7 @@ class JobStore:
                     fence=None if r["fence"] is None else int(r["fence"]),
                     attempt_id=r["attempt_id"],
                     detail=r["detail"],
-                    recorded_at=_utc(r["recorded_at"]),
+                    recorded_at=as_utc(r["recorded_at"]),
                 )
                 for r in rows
             ]
@@ -983,7 +977,7 @@ class JobStore:
                     r["attempt_id"],
                     int(r["fence"]),
                     canonical_decode(bytes(r["state"])),
-                    _utc(r["recorded_at"]),
+                    as_utc(r["recorded_at"]),
                 )
                 for r in rows
             ]

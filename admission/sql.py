@@ -75,6 +75,7 @@ __all__ = [
     "DEFAULT_URL",
     "BulkInsert",
     "SqlStore",
+    "as_utc",
     "create_admission_engine",
     "insert_or_ignore",
     "normalize_url",
@@ -156,21 +157,24 @@ def insert_or_ignore(
     return int(connection.execute(statement).rowcount)
 
 
-def _utc(value: datetime | str) -> datetime:
-    # SQLite hands back naive datetimes (text, when read through the driver
-    # itself); they were written as UTC.
+def as_utc(value: datetime | str) -> datetime:
+    """A stored time as a timezone-aware UTC datetime.
+
+    SQLite hands back naive datetimes (text, when read through the driver
+    itself); they were written as UTC.
+    """
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def _utc_or_none(value: datetime | str | None) -> datetime | None:
-    return None if value is None else _utc(value)
+    return None if value is None else as_utc(value)
 
 
 def _instance(row: Mapping[Any, Any]) -> InstanceRow:
     return InstanceRow(
-        row["id"], row["namespace"], row["workflow_id"], row["current_run_id"], _utc(row["created_at"])
+        row["id"], row["namespace"], row["workflow_id"], row["current_run_id"], as_utc(row["created_at"])
     )
 
 
@@ -181,7 +185,7 @@ def _run(row: Mapping[Any, Any]) -> RunRow:
         row["run_number"],
         row["status"],
         row["continued_from_run_id"],
-        _utc(row["started_at"]),
+        as_utc(row["started_at"]),
         _utc_or_none(row["closed_at"]),
     )
 
@@ -209,7 +213,7 @@ def _command_of_columns(values: Sequence[Any]) -> CommandRow:
     by_field = dict(zip(_COMMAND_FIELDS, values, strict=True))
     by_field["context"] = _bytes(by_field["context"])
     by_field["arguments"] = _bytes(by_field["arguments"])
-    by_field["created_at"] = _utc(by_field["created_at"])
+    by_field["created_at"] = as_utc(by_field["created_at"])
     command = object.__new__(CommandRow)
     command.__dict__.update(by_field)
     return command
@@ -231,7 +235,7 @@ def _command_fields(row: Mapping[Any, Any]) -> dict[str, Any]:
         status=row["status"],
         outcome=row["outcome"],
         rejection_reason=row["rejection_reason"],
-        created_at=_utc(row["created_at"]),
+        created_at=as_utc(row["created_at"]),
         intent_digest=row["intent_digest"],
         arguments_digest=row["arguments_digest"],
         intent_encoding=row["intent_encoding"],
@@ -248,7 +252,7 @@ def _update(row: Mapping[Any, Any]) -> UpdateRow:
         row["status"],
         _bytes(row["result"]),
         row["failure"],
-        _utc(row["accepted_at"]),
+        as_utc(row["accepted_at"]),
         _utc_or_none(row["completed_at"]),
     )
 
@@ -262,7 +266,7 @@ def _event(row: Mapping[Any, Any]) -> EventRow:
         row["command_id"],
         row["update_id"],
         bytes(row["payload"]),
-        _utc(row["recorded_at"]),
+        as_utc(row["recorded_at"]),
         row["position"],
         row["tx_id"],
     )
@@ -445,7 +449,7 @@ def _current_run(row: Mapping[Any, Any]) -> RunRow | None:
         row["run_run_number"],
         row["run_status"],
         row["run_continued_from_run_id"],
-        _utc(row["run_started_at"]),
+        as_utc(row["run_started_at"]),
         _utc_or_none(row["run_closed_at"]),
     )
 
@@ -462,7 +466,7 @@ def _optional_update(row: Mapping[Any, Any]) -> UpdateRow | None:
         row["u_status"],
         _bytes(row["u_result"]),
         row["u_failure"],
-        _utc(row["u_accepted_at"]),
+        as_utc(row["u_accepted_at"]),
         _utc_or_none(row["u_completed_at"]),
     )
 

@@ -50,7 +50,7 @@ from admission.intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_t
 from admission.lease import Lease
 from admission.localfs import FileLock, write_json_atomically
 from admission.schema import worker_events, worker_leases, worker_queues, worker_records
-from admission.sql import BulkInsert, insert_or_ignore
+from admission.sql import BulkInsert, as_utc, insert_or_ignore
 from admission.targets import StatusRead, Target, TargetRecord
 from admission.writes import (
     CONFIRMED,
@@ -848,9 +848,7 @@ class DurableWorker:
 
 
 def _iso(value: datetime | str) -> str:
-    if isinstance(value, str):
-        value = datetime.fromisoformat(value)
-    return (value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)).isoformat()
+    return as_utc(value).isoformat()
 
 
 def _is_fence_refusal(exc: DBAPIError) -> bool:
