@@ -47,7 +47,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from admission.errors import AdmissionError, StorageError
@@ -74,6 +74,7 @@ from admission.store import (
 __all__ = [
     "DEFAULT_URL",
     "BulkInsert",
+    "BulkStatement",
     "SqlStore",
     "as_utc",
     "create_admission_engine",
@@ -690,6 +691,34 @@ class _Raw:
             return values
         return {name: value for (name, *_), value in zip(self._binds, values, strict=True)}
 
+    def parameter_sets(
+        self, rows: Sequence[Mapping[str, Any]], common: Mapping[str, Any]
+    ) -> list[list[Any]] | list[dict[str, Any]]:
+        """:meth:`parameters` for many rows that share the values in ``common``.
+
+        Shared values and literals are processed once; each row gives the rest.
+        """
+        template: list[Any] = []
+        varying: list[tuple[int, str, Any]] = []
+        for index, (_, key, processor, literal_value) in enumerate(self._binds):
+            if key is not None and key not in common:
+                template.append(None)
+                varying.append((index, key, processor))
+                continue
+            value = literal_value if key is None else common[key]
+            template.append(value if processor is None else processor(value))
+        sets: list[list[Any]] = []
+        for row in rows:
+            values = template.copy()
+            for index, key, processor in varying:
+                value = row[key]
+                values[index] = value if processor is None else processor(value)
+            sets.append(values)
+        if self._positional:
+            return sets
+        names = [name for name, *_ in self._binds]
+        return [dict(zip(names, values, strict=True)) for values in sets]
+
     def tuples(self, cursor: Any, params: Mapping[str, Any]) -> list[Any]:
         """Execute on ``cursor`` and return the driver's rows as they come, in column order."""
         cursor.execute(self.sql, self.parameters(params))
@@ -712,37 +741,76 @@ class _Raw:
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
 
-class BulkInsert:
-    """Many rows into one table in one ``executemany`` on the transaction's own cursor.
+class BulkStatement:
+    """One Core DML statement run for many parameter sets, in one ``executemany``
+    on the transaction's own cursor.
 
-    For append-only logs written row by row on a hot path (the worker's
-    events): the INSERT is the Core statement's own compilation and every
-    value goes through its type's bind processor, as with :class:`_Raw`, so
-    the rows are stored exactly as Core would store them, without
-    SQLAlchemy's per-row parameter work.  ``keys`` are the columns given;
-    the others take their defaults (an autoincrement key).  Driver errors
-    become :class:`StorageError`, keeping the cause.
+    For statements repeated row by row on a hot path (the worker's state
+    transitions and their events): the SQL is the Core statement's own
+    compilation, built once, and every value goes through its type's bind
+    processor, as with :class:`_Raw`, so rows are stored exactly as Core
+    would store them, without SQLAlchemy's per-execution work.  Parameters
+    are named by ``bindparam`` keys (or by column for an INSERT given
+    ``keys``).  A driver error is raised as Core raises it (a
+    :class:`sqlalchemy.exc.DBAPIError` keeping the driver's exception), so
+    callers translate it as they translate any other statement's.
     """
 
-    def __init__(self, table: Table, dialect: Dialect, keys: Sequence[str]) -> None:
-        self._raw = _Raw(table.insert(), dialect, keys)
+    def __init__(self, statement: ClauseElement, dialect: Dialect, keys: Sequence[str] | None = None) -> None:
+        self._raw = _Raw(statement, dialect, keys)
         self._error: type[Exception] = dialect.loaded_dbapi.Error
 
-    def insert(self, connection: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Insert ``rows`` inside ``connection``'s transaction."""
+    def execute(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        common: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Run the statement once per row inside ``connection``'s transaction; the rows it changed.
+
+        ``common`` holds the values every row shares (processed once).
+        """
         if not rows:
-            return
+            return 0
         dbapi = connection.connection.dbapi_connection
         assert dbapi is not None
         cursor: Any = dbapi.cursor()
+        parameters = self._raw.parameter_sets(rows, common or {})
         try:
-            cursor.executemany(self._raw.sql, [self._raw.parameters(row) for row in rows])
+            cursor.executemany(self._raw.sql, parameters)
+            return int(cursor.rowcount)
         except self._error as exc:
-            raise StorageError(
-                f"the database refused a write ({_constraint_of(exc)})", constraint=_constraint_of(exc)
-            ) from exc
+            raise DBAPIError.instance(self._raw.sql, parameters, exc, self._error) from exc
         finally:
             cursor.close()
+
+
+class BulkInsert:
+    """Many rows into one table in one ``executemany`` (a :class:`BulkStatement`).
+
+    For append-only logs written row by row on a hot path (the worker's
+    events).  ``keys`` are the columns given; the others take their defaults
+    (an autoincrement key).  Driver errors become :class:`StorageError`,
+    keeping the cause.
+    """
+
+    def __init__(self, table: Table, dialect: Dialect, keys: Sequence[str]) -> None:
+        self._statement = BulkStatement(table.insert(), dialect, keys)
+
+    def insert(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        common: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert ``rows`` inside ``connection``'s transaction (``common``: values they share)."""
+        try:
+            self._statement.execute(connection, rows, common)
+        except DBAPIError as exc:
+            constraint = _constraint_of(exc.orig)
+            raise StorageError(
+                f"the database refused a write ({constraint})", constraint=constraint
+            ) from exc.orig
 
 
 _COMMAND_KEYS: Final = tuple(c.name for c in workflow_commands.c)

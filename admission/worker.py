@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -50,7 +50,7 @@ from admission.intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_t
 from admission.lease import Lease
 from admission.localfs import FileLock, write_json_atomically
 from admission.schema import worker_events, worker_leases, worker_queues, worker_records
-from admission.sql import BulkInsert, as_utc, insert_or_ignore
+from admission.sql import BulkInsert, BulkStatement, as_utc, insert_or_ignore
 from admission.targets import StatusRead, Target, TargetRecord
 from admission.writes import (
     CONFIRMED,
@@ -84,6 +84,22 @@ _EVENT_KEYS: Final = (
     "queue", "write_id", "event_type", "from_state", "to_state", "reason", "actor", "fence", "recorded_at"
 )
 _WRITE_OPTION: Final = "admission_write"
+
+# One transition of many records, guarded by their previous state (the fencing
+# trigger checks ``fence``): built once, run as one executemany per batch.
+_STEP_MANY: Final = (
+    update(worker_records)
+    .where(
+        worker_records.c.write_id == bindparam("match_write_id"),
+        worker_records.c.state == bindparam("match_state"),
+    )
+    .values(state=bindparam("new_state"), updated_at=bindparam("now"), fence=bindparam("new_fence"))
+)
+_CYCLE_COLUMNS: Final = tuple(
+    worker_records.c[name]
+    for name in ("id", "write_id", "tenant", "source_key", "content", "state", "attempts")
+)
+_STEP_MANY_ATTEMPT: Final = _STEP_MANY.values(attempts=worker_records.c.attempts + 1)
 
 
 @dataclass(frozen=True)
@@ -168,6 +184,10 @@ class DurableWorker:
         self._postgres = engine.dialect.name == "postgresql"
         # A transition of a batch writes one event per record: on the hot path.
         self._events = BulkInsert(worker_events, engine.dialect, _EVENT_KEYS)
+        self._steps = {
+            False: BulkStatement(_STEP_MANY, engine.dialect),
+            True: BulkStatement(_STEP_MANY_ATTEMPT, engine.dialect),
+        }
         if file_lock is None:
             file_lock = lock_path is not None or not self._postgres
         if file_lock and lock_path is None:
@@ -410,11 +430,13 @@ class DurableWorker:
             return CycleReport(token, **counts, **outcomes)
 
     def _rows(self, state: str) -> list[RowMapping]:
+        # Only what a send, a transition and a readback use: converting the
+        # other columns (stored times above all) would cost more than the read.
         records = worker_records.c
         with self._read() as conn:
             return list(
                 conn.execute(
-                    select(worker_records)
+                    select(*_CYCLE_COLUMNS)
                     .where(records.queue == self.queue, records.state == state)
                     .order_by(records.id)
                 ).mappings()
@@ -542,50 +564,43 @@ class DurableWorker:
         *,
         count_attempt: bool = False,
     ) -> list[RowMapping]:
-        # The same transition for rows that are all in one state: one UPDATE and
-        # one multi-row INSERT of events, whatever the batch size.
+        # The same transition for rows that are all in one state: one executemany
+        # of the guarded UPDATE and one of the events, whatever the batch size.
         state = rows[0]["state"]
         new_state = next_state(state, event)
         if new_state is None or any(r["state"] != state for r in rows):
             raise RecordStateError(f"{event} is not allowed from {state}", write_id=None, state=state)
         now = self._now()
-        records = worker_records.c
-        values: dict[str, Any] = {"state": new_state, "updated_at": now, "fence": fence}
-        if count_attempt:
-            values["attempts"] = records.attempts + 1
         ids = [r["write_id"] for r in rows]
-        changed = conn.execute(
-            update(worker_records).where(records.write_id.in_(ids), records.state == state).values(**values)
-        ).rowcount
+        changed = self._steps[count_attempt].execute(
+            conn,
+            [{"match_write_id": write_id} for write_id in ids],
+            {"match_state": state, "new_state": new_state, "now": now, "new_fence": fence},
+        )
         if changed != len(ids):
             raise RecordStateError(
                 f"records changed state under the worker ({event})", write_id=None, state=state
             )
-        self._events.insert(
-            conn,
-            [
-                {
-                    "queue": self.queue,
-                    "write_id": write_id,
-                    "event_type": event,
-                    "from_state": state,
-                    "to_state": new_state,
-                    "reason": reason,
-                    "actor": None,
-                    "fence": fence,
-                    "recorded_at": now,
-                }
-                for write_id in ids
-            ],
-        )
+        common = {
+            "queue": self.queue,
+            "event_type": event,
+            "from_state": state,
+            "to_state": new_state,
+            "reason": reason,
+            "actor": None,
+            "fence": fence,
+            "recorded_at": now,
+        }
+        self._events.insert(conn, [{"write_id": write_id} for write_id in ids], common)
+        step = 1 if count_attempt else 0
         return [
-            {
+            {  # type: ignore[misc]
                 **r,
                 "state": new_state,
                 "updated_at": now,
                 "fence": fence,
-                "attempts": int(r["attempts"]) + (1 if count_attempt else 0),
-            }  # type: ignore[misc]
+                "attempts": int(r["attempts"]) + step,
+            }
             for r in rows
         ]
 

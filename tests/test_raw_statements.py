@@ -392,3 +392,80 @@ def test_a_bulk_insert_the_database_refuses_is_a_storage_error_and_writes_nothin
             assert conn.execute(text("SELECT count(*) FROM worker_events")).scalar_one() == 0
     finally:
         store.dispose()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(when=_WHEN, state=_TEXT, fence=st.integers(0, 2**62), shared=st.booleans())
+def test_bulk_updated_rows_are_stored_exactly_as_core_stores_them(
+    db_url: str, when: datetime, state: str, fence: int, shared: bool
+) -> None:
+    from sqlalchemy import bindparam, update
+
+    from admission.schema import worker_leases, worker_queues, worker_records
+
+    store = SqlStore.open(db_url)
+    queue = f"q-{uuid.uuid4().hex[:12]}"
+    records = worker_records.c
+    statement = (
+        update(worker_records)
+        .where(records.write_id == bindparam("match"))
+        .values(state=bindparam("new_state"), updated_at=bindparam("now"), fence=bindparam("new_fence"))
+        .values(attempts=records.attempts + 1)
+    )
+    bulk = admission.sql.BulkStatement(statement, store.engine.dialect)
+    ids = [f"w-{uuid.uuid4().hex[:20]}" for _ in range(3)]
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(insert(worker_queues).values(queue=queue, scope=b"s", created_at=when))
+            # The fencing trigger accepts the lease's current token.
+            conn.execute(insert(worker_leases).values(queue=queue, token=fence, heartbeat=0))
+            for write_id in ids:
+                conn.execute(
+                    insert(worker_records).values(
+                        write_id=write_id, queue=queue, tenant="t", source_key=write_id, content=b"c",
+                        state="prepared", attempts=0, created_at=when, updated_at=when,
+                    )
+                )
+        values = {"new_state": state, "now": when, "new_fence": fence}
+        with store.engine.begin() as conn:
+            rows: list[dict[str, Any]] = [{"match": ids[0]}, {"match": ids[1]}, {"match": "absent"}]
+            if shared:
+                changed = bulk.execute(conn, rows, values)
+            else:
+                changed = bulk.execute(conn, [{**row, **values} for row in rows])
+            assert changed == 2  # the rows each parameter set changed, summed
+            conn.execute(
+                update(worker_records)
+                .where(records.write_id == ids[2])
+                .values(state=state, updated_at=when, fence=fence, attempts=records.attempts + 1)
+            )
+        columns = ["state", "updated_at", "fence", "attempts"]
+        core = _stored_form(store, "worker_records", columns, "write_id", ids[2])
+        assert _stored_form(store, "worker_records", columns, "write_id", ids[0]) == core
+        assert _stored_form(store, "worker_records", columns, "write_id", ids[1]) == core
+    finally:
+        store.dispose()
+
+
+def test_a_bulk_statement_the_database_refuses_raises_as_core_and_writes_nothing(db_url: str) -> None:
+    from sqlalchemy import bindparam, update
+    from sqlalchemy.exc import IntegrityError
+
+    from admission.schema import worker_queues
+
+    store = SqlStore.open(db_url)
+    when = datetime(2026, 1, 1, tzinfo=UTC)
+    bulk = admission.sql.BulkStatement(
+        update(worker_queues).where(worker_queues.c.queue == bindparam("match")).values(scope=bindparam("s")),
+        store.engine.dialect,
+    )
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(insert(worker_queues).values(queue="q", scope=b"before", created_at=when))
+        with pytest.raises(IntegrityError), store.engine.begin() as conn:
+            # scope is NOT NULL: the second parameter set is refused, and the first is rolled back.
+            bulk.execute(conn, [{"match": "q", "s": b"after"}, {"match": "q", "s": None}])
+        with store.engine.connect() as conn:
+            assert conn.execute(text("SELECT scope FROM worker_queues")).scalar_one() == b"before"
+    finally:
+        store.dispose()

@@ -343,6 +343,8 @@ def test_an_expired_lease_is_reclaimed_with_a_new_token_and_the_old_owner_is_fen
         old._transition(row, "dispatch", "late write of an expired owner")
     assert fenced.value.token == token
     with pytest.raises(FencedError):
+        old._dispatch([row], [])  # the batched transition (one executemany) is refused too
+    with pytest.raises(FencedError):
         old.renew()
     assert old.get(write_id)["state"] == "prepared"
     assert new.run_once(target).confirmed == 1
