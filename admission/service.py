@@ -580,15 +580,24 @@ class AdmissionService:
         encoded = encode_intent(command_type, name, arguments, target, max_size=self._max_size)
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         token = None if key is None else receipt_token(command_type, key)
+        # Whether committed receipts were read (and answered nothing) just before the lock.
+        read_before = False
         if key is not None and token is not None and connection is None:
             answer = self._judge_committed(namespace, workflow_id, intent, key, token)
             if answer is not None:
                 return answer
+            read_before = True
         now = self._clock()
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
         ) as tx:
-            if key is not None and token is not None:
+            # After the read above, the only receipt that can have been committed
+            # for this key since is a token row made by another admission, and the
+            # insert below finds that one on the unique index and answers with it:
+            # reading the key again under the lock would find nothing more
+            # (docs/guide.md, section 4).  Inside a caller's
+            # transaction there was no read before, so the lock reads.
+            if key is not None and token is not None and not read_before:
                 answer = self._judge_key(tx, intent, key, token)
                 if answer is not None:
                     return answer

@@ -355,41 +355,15 @@ def test_unique_index_backstop_answers_instead_of_raising(service: AdmissionServ
         assert tx.insert_command(clash) is False
 
 
-class _BlindLock:
-    """A locked instance whose first receipt lookup misses: as if a writer had skipped the lock."""
-
-    def __init__(self, inner: object) -> None:
-        self._inner = inner
-        self._blind = True
-
-    def find_commands(self, command_type: str, request_ids: object) -> object:
-        if self._blind:
-            self._blind = False
-            return []
-        return self._inner.find_commands(command_type, request_ids)  # type: ignore[attr-defined]
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._inner, name)
-
-
 class _BlindStore:
-    """A store that misses committed receipts and hands out blind locks."""
+    """A store whose unlocked read misses committed receipts: as if another caller
+    had committed the key between that read and the lock."""
 
     def __init__(self, inner: Store) -> None:
         self._inner = inner
 
     def read_receipts(self, *args: object) -> list[object]:
         return []
-
-    def locked(self, *args: object, **kwargs: object) -> object:
-        from contextlib import contextmanager
-
-        @contextmanager
-        def blind():  # type: ignore[no-untyped-def]
-            with self._inner.locked(*args, **kwargs) as tx:  # type: ignore[arg-type]
-                yield _BlindLock(tx)
-
-        return blind()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
