@@ -16,7 +16,10 @@ step number and the state the previous step left, it returns
 A step that raises :class:`~admission.errors.RetryableJobError` ends the
 attempt retryable, any other exception ends it failed.  A cancel request seen
 at a step boundary stops the job there.  The runner never publishes after its
-own lease deadline (monotonic clock): it stops and lets the next owner recover.
+own lease deadline (monotonic clock): it stops and lets the next owner recover;
+an owner paused past that check is stopped by the target, which refuses a
+publication carrying an older fencing token than one it has seen
+(:class:`~admission.jobs.Publisher`).
 """
 
 from __future__ import annotations
@@ -148,7 +151,7 @@ class JobRunner:
         if self.store.clock() >= deadline:
             # Too late to publish safely: the next owner recovers with the recorded ids.
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost", tuple(steps))
-        self.publisher.publish(lease.job_id, lease.attempt_id, result)
+        self.publisher.publish(lease.job_id, lease.attempt_id, result, fence=lease.fence)
         if self.fault is not None:
             self.fault("after_publish", steps[-1])
         view = self.store.complete(lease)
@@ -156,13 +159,16 @@ class JobRunner:
 
     def _recover(self, lease: Lease) -> RunReport:
         assert lease.publish_result is not None and lease.publish_attempt_id is not None
-        verdict = self.store.recover(lease, self.publisher.read_published(lease.job_id))
+        # The fenced read: from here on, an older owner's publication is refused by the target.
+        verdict = self.store.recover(lease, self.publisher.read_published(lease.job_id, fence=lease.fence))
         if verdict != "absent":
             return self._report(self.store.status(lease.job_id), [], False)
         if self.store.clock() >= lease.deadline:
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost")
         # The publication never landed: replay it with the recorded ids (never re-execute).
-        self.publisher.publish(lease.job_id, lease.publish_attempt_id, lease.publish_result)
+        self.publisher.publish(
+            lease.job_id, lease.publish_attempt_id, lease.publish_result, fence=lease.fence
+        )
         if self.fault is not None:
             self.fault("after_publish", lease.resume_step)
         view = self.store.complete(lease, reason="published_on_replay")

@@ -5,6 +5,19 @@ Both implement :class:`admission.jobs.Publisher`.  Neither deduplicates: every
 visible to ``read_published`` (and to the tests), never hidden.  The local
 target shares no transaction with the job database, which is exactly the
 situation recovery after publish exists for (worker contract §4).
+
+Both are **fenced** (worker contract §3): a target keeps, per job, the
+highest fencing token any owner has written or read with, and refuses a
+``publish`` or a fenced ``read_published`` that carries a lower one
+(:class:`~admission.errors.JobFencedError`), in the same transaction as the
+write.  The database refuses an old owner's writes to the job; this refuses
+its late publication.  An owner whose lease lapsed while it was paused
+between recording a result and publishing it would otherwise publish after
+the next owner's recovery read the target, found nothing and published the
+same result again: a second external effect.  With the fence, the next
+owner's read raises the job's token at the target first, so the old owner's
+publication is refused whenever it arrives after that read, and found by
+that read whenever it arrived before.
 """
 
 from __future__ import annotations
@@ -16,11 +29,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from admission.errors import StorageError
+from admission.errors import JobFencedError, StorageError
 from admission.job_states import PublishedResult
 
 __all__ = ["LocalPublisher", "MemoryPublisher"]
 
+# publication_fences came later than published_results: IF NOT EXISTS adds it
+# to a target file made before it, leaving the publications as they are.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS published_results (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -30,7 +45,22 @@ CREATE TABLE IF NOT EXISTS published_results (
     published_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS published_results_job ON published_results (job_id, seq);
+CREATE TABLE IF NOT EXISTS publication_fences (
+    job_id TEXT PRIMARY KEY,
+    fence INTEGER NOT NULL
+);
 """
+
+
+def _refused(job_id: str, fence: int, current: int, action: str) -> JobFencedError:
+    return JobFencedError(
+        f"the publication target refused to {action} job {job_id!r} with fencing token {fence}: "
+        f"an owner with token {current} has been here since",
+        job_id=job_id,
+        fence=fence,
+        current_fence=current,
+        state=None,
+    )
 
 
 class LocalPublisher:
@@ -43,8 +73,11 @@ class LocalPublisher:
         self.path = str(path)
         self.now = now
         try:
-            with self._connect() as conn:
+            conn = self._connect()
+            try:
                 conn.executescript(_SCHEMA)
+            finally:
+                conn.close()
         except sqlite3.Error as exc:
             raise StorageError(f"the publication target {self.path} is unusable: {exc}") from exc
 
@@ -54,30 +87,64 @@ class LocalPublisher:
         conn.execute("PRAGMA synchronous=FULL")
         return conn
 
-    def publish(self, job_id: str, attempt_id: str, result: bytes) -> None:
-        """Append one publication and commit it."""
+    @staticmethod
+    def _fence(conn: sqlite3.Connection, job_id: str, fence: int | None, action: str) -> None:
+        # Inside the caller's BEGIN IMMEDIATE: the check and the raise are one step.
+        if fence is None:
+            return
+        row = conn.execute("SELECT fence FROM publication_fences WHERE job_id = ?", (job_id,)).fetchone()
+        if row is not None and int(row[0]) > fence:
+            raise _refused(job_id, fence, int(row[0]), action)
+        if row is None or int(row[0]) < fence:
+            conn.execute(
+                "INSERT INTO publication_fences (job_id, fence) VALUES (?, ?)"
+                " ON CONFLICT (job_id) DO UPDATE SET fence = excluded.fence",
+                (job_id, fence),
+            )
+
+    def publish(self, job_id: str, attempt_id: str, result: bytes, *, fence: int | None = None) -> None:
+        """Append one publication and commit it; with ``fence``, only if no newer owner was here."""
         try:
             conn = self._connect()
             try:
-                conn.execute(
-                    "INSERT INTO published_results (job_id, attempt_id, result, published_at)"
-                    " VALUES (?, ?, ?, ?)",
-                    (job_id, attempt_id, bytes(result), self.now().isoformat()),
-                )
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._fence(conn, job_id, fence, "publish")
+                    conn.execute(
+                        "INSERT INTO published_results (job_id, attempt_id, result, published_at)"
+                        " VALUES (?, ?, ?, ?)",
+                        (job_id, attempt_id, bytes(result), self.now().isoformat()),
+                    )
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
             finally:
                 conn.close()
         except sqlite3.Error as exc:
             raise StorageError(f"publishing job {job_id!r} failed: {exc}") from exc
 
-    def read_published(self, job_id: str) -> Sequence[PublishedResult]:
-        """Every publication of ``job_id``, oldest first."""
+    def read_published(self, job_id: str, *, fence: int | None = None) -> Sequence[PublishedResult]:
+        """Every publication of ``job_id``, oldest first.
+
+        With ``fence`` the read also raises the job's token at the target, so
+        that an older owner's publication can no longer land after it.
+        """
         try:
             conn = self._connect()
             try:
-                rows = conn.execute(
-                    "SELECT job_id, attempt_id, result FROM published_results WHERE job_id = ? ORDER BY seq",
-                    (job_id,),
-                ).fetchall()
+                conn.execute("BEGIN IMMEDIATE" if fence is not None else "BEGIN")
+                try:
+                    self._fence(conn, job_id, fence, "read")
+                    rows = conn.execute(
+                        "SELECT job_id, attempt_id, result FROM published_results"
+                        " WHERE job_id = ? ORDER BY seq",
+                        (job_id,),
+                    ).fetchall()
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
             finally:
                 conn.close()
         except sqlite3.Error as exc:
@@ -98,14 +165,25 @@ class MemoryPublisher:
 
     def __init__(self) -> None:
         self.publications: list[PublishedResult] = []
+        self.fences: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def publish(self, job_id: str, attempt_id: str, result: bytes) -> None:
-        """Append one publication."""
+    def _fence(self, job_id: str, fence: int | None, action: str) -> None:
+        if fence is None:
+            return
+        current = self.fences.get(job_id)
+        if current is not None and current > fence:
+            raise _refused(job_id, fence, current, action)
+        self.fences[job_id] = fence
+
+    def publish(self, job_id: str, attempt_id: str, result: bytes, *, fence: int | None = None) -> None:
+        """Append one publication; with ``fence``, only if no newer owner was here."""
         with self._lock:
+            self._fence(job_id, fence, "publish")
             self.publications.append(PublishedResult(job_id, attempt_id, bytes(result)))
 
-    def read_published(self, job_id: str) -> Sequence[PublishedResult]:
-        """Every publication of ``job_id``, oldest first."""
+    def read_published(self, job_id: str, *, fence: int | None = None) -> Sequence[PublishedResult]:
+        """Every publication of ``job_id``, oldest first (with ``fence``: raising the job's token)."""
         with self._lock:
+            self._fence(job_id, fence, "read")
             return [p for p in self.publications if p.job_id == job_id]

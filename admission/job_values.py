@@ -196,13 +196,20 @@ class Publisher(Protocol):
     ``attempt_id``; ``read_published`` returns every publication the target
     holds for the job, so a second one shows (``admission.job_target`` is a
     real local adapter).
+
+    ``fence`` is the owner's fencing token (the runner always passes it).  The
+    target keeps the highest token it has seen per job and, in the same
+    transaction as the write, refuses a publication or a fenced read that
+    carries a lower one with :class:`~admission.errors.JobFencedError`;
+    a fenced read raises the job's token to its own.  That is what stops an
+    old owner's late publication after the next owner's recovery read.
     """
 
-    def publish(self, job_id: str, attempt_id: str, result: bytes) -> None:
-        """Publish ``result`` (canonical bytes) for the job."""
+    def publish(self, job_id: str, attempt_id: str, result: bytes, *, fence: int | None = None) -> None:
+        """Publish ``result`` (canonical bytes) for the job, unless a newer owner has been here."""
 
-    def read_published(self, job_id: str) -> Sequence[PublishedResult]:
-        """Every publication the target holds for ``job_id``, oldest first."""
+    def read_published(self, job_id: str, *, fence: int | None = None) -> Sequence[PublishedResult]:
+        """Every publication the target holds for ``job_id``, oldest first; raises its token to ``fence``."""
 
 
 # -- validation (pure) ---------------------------------------------------------------------------------

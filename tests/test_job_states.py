@@ -528,7 +528,10 @@ def test_the_store_agrees_with_the_reference_model(db_url: str, sql_backend: str
     JobMachine.store, JobMachine.clock, JobMachine.steps = store, clock, 0
     try:
         run_state_machine_as_test(
-            JobMachine, settings=settings(max_examples=20, stateful_step_count=30, deadline=None)
+            # Derandomised on every machine: the corners asserted below are
+            # reached by this draw, while a random 20 programs can miss one.
+            JobMachine,
+            settings=settings(max_examples=20, stateful_step_count=30, deadline=None, derandomize=True),
         )
     except BaseException:
         store.dispose()
