@@ -831,6 +831,9 @@ class _Statements:
         self.insert_event = _Raw(_INSERT_EVENT[name], dialect, _EVENT_KEYS)
 
 
+WRITE_CONNECTIONS: Final = 8
+"""Write connections a store keeps for its own locked transactions, per process (see ``_Writers``)."""
+
 REPLAN_AFTER: Final = (100, 1_000, 10_000)
 """Uses of a connection after which its statements are planned anew (then every 10,000).
 
@@ -928,6 +931,102 @@ class _Readers:
                 connection.close()
 
 
+class _Writers:
+    """Kept write connections for the store's own locked transactions.
+
+    Checking a connection out of the engine's pool and back in costs more
+    than the statements of an admission on SQLite (a new ``Connection``, the
+    pool's events, and a reset on return).  Instead, up to ``limit``
+    SQLAlchemy connections, made by the pool (so its connect-time
+    configuration applies) and detached from it, are kept in a free list and
+    lent to one transaction at a time; when all are lent, a transaction takes
+    a pooled connection as before, so at most ``limit`` connections are held
+    beyond the pool's own.  A connection is given back only after a
+    transaction that ended cleanly or with admission's own typed error; after
+    any other failure it is closed and a new one is made when needed.  A
+    forked process makes its own and never uses or closes its parent's.
+    """
+
+    def __init__(self, engine: Engine, limit: int) -> None:
+        self._engine = engine
+        self._limit = limit
+        self._mutex = threading.Lock()
+        self._pid = os.getpid()
+        self._free: list[Connection] = []
+        self._lent = 0
+        # Connections inherited through fork: kept referenced so that
+        # collecting them never closes the parent's session.
+        self._inherited: list[Connection] = []
+        self._generation = 0
+
+    def _take(self) -> tuple[Connection | None, int]:
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._inherited.extend(self._free)
+                self._free, self._lent, self._pid = [], 0, os.getpid()
+                self._generation += 1
+            if self._free:
+                self._lent += 1
+                return self._free.pop(), self._generation
+            if self._lent >= self._limit:
+                return None, self._generation
+            self._lent += 1
+            generation = self._generation
+        try:
+            connection = self._engine.connect()
+            connection.detach()
+        except BaseException:
+            with self._mutex:
+                self._lent -= 1
+            raise
+        return connection, generation
+
+    def _give(self, connection: Connection, generation: int, healthy: bool) -> None:
+        with self._mutex:
+            mine = generation == self._generation and self._pid == os.getpid()
+            if mine:
+                self._lent -= 1
+                if healthy and not connection.invalidated and not connection.in_transaction():
+                    self._free.append(connection)
+                    return
+        if mine or self._pid == os.getpid():
+            with suppress(Exception):  # best effort: it may be the broken one
+                connection.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A write transaction on a kept connection (or, when all are lent, a pooled one)."""
+        connection, generation = self._take()
+        if connection is None:
+            with self._engine.connect() as pooled, pooled.begin():
+                yield pooled
+            return
+        healthy = False
+        try:
+            with connection.begin():
+                yield connection
+            healthy = True
+        except AdmissionError as exc:
+            # Admission's own refusal was rolled back on a sound connection; a
+            # storage failure may have come from the connection itself.
+            healthy = not isinstance(exc, StorageError)
+            raise
+        finally:
+            self._give(connection, generation, healthy)
+
+    def close(self) -> None:
+        """Close this process's free connections; lent ones are closed when given back."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                return
+            free, self._free = self._free, []
+            self._lent = 0
+            self._generation += 1
+        for connection in free:
+            with suppress(Exception):
+                connection.close()
+
+
 class SqlStore:
     """The :class:`~admission.store.Store` on SQLite or PostgreSQL.
 
@@ -942,6 +1041,7 @@ class SqlStore:
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{_WRITE: True})
         self._readers = _Readers(engine)
+        self._writers = _Writers(self._write_engine, WRITE_CONNECTIONS)
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         # psycopg's pipeline mode needs libpq 14 or later; without it the lock
         # and the lookup take a round trip each.
@@ -959,8 +1059,9 @@ class SqlStore:
         return cls(create_admission_engine(url, **engine_options))
 
     def dispose(self) -> None:
-        """Close the engine's pooled connections and this process's receipt-read connections."""
+        """Close the engine's pooled connections and this process's kept read and write connections."""
         self._readers.close()
+        self._writers.close()
         self.engine.dispose()
 
     @contextmanager
@@ -1073,7 +1174,7 @@ class SqlStore:
             with self._translate():
                 yield self._lock(connection, namespace, workflow_id, created_at, new_id)
             return
-        with self._translate(), self._write() as conn:
+        with self._translate(), self._writers.transaction() as conn:
             yield self._lock(conn, namespace, workflow_id, created_at, new_id)
 
     def locked(

@@ -469,3 +469,134 @@ def test_a_bulk_statement_the_database_refuses_raises_as_core_and_writes_nothing
             assert conn.execute(text("SELECT scope FROM worker_queues")).scalar_one() == b"before"
     finally:
         store.dispose()
+
+
+# -- the kept write connections (_Writers) --------------------------------------------------------
+
+
+def _connects(store: SqlStore) -> list[int]:
+    """A counter of the DBAPI connections the store's engine makes from now on."""
+    from sqlalchemy import event
+
+    made = [0]
+
+    @event.listens_for(store.engine, "connect")
+    def _count(_dbapi: object, _record: object) -> None:
+        made[0] += 1
+
+    return made
+
+
+def _kept_backend(store: SqlStore) -> Any:
+    (kept,) = store._writers._free  # type: ignore[attr-defined]
+    dbapi = kept.connection.dbapi_connection
+    if not store.postgres:
+        return dbapi
+    return dbapi.info.backend_pid
+
+
+def test_locked_transactions_reuse_a_kept_connection(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="warm")
+        made = _connects(store)
+        for i in range(20):
+            answer = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
+            assert answer.decision is Decision.FRESH
+            service.admit_update("raw", workflow, "u", ARGS, request_id=f"u{i}")
+        assert made[0] == 0
+        assert len(store._writers._free) == 1  # type: ignore[attr-defined]
+    finally:
+        store.dispose()
+
+
+def test_a_broken_kept_write_connection_fails_one_admission_and_is_replaced(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS)
+        broken = _kept_backend(store)
+        if store.postgres:
+            with store.engine.connect() as conn:
+                terminate = text("SELECT pg_terminate_backend(:p, 30000)")
+                assert conn.execute(terminate, {"p": broken}).scalar_one()
+        else:
+            broken.close()
+        with pytest.raises(StorageError):
+            service.admit_signal("raw", workflow, "n", ARGS)  # unkeyed: straight to the lock
+        assert store._writers._free == []  # type: ignore[attr-defined]
+        assert service.admit_signal("raw", workflow, "n", ARGS).decision is Decision.FRESH
+        assert _kept_backend(store) != broken
+        assert len(store.read_history(first_instance(store, workflow))) == 1 + 2  # run start, two signals
+    finally:
+        store.dispose()
+
+
+def test_more_threads_than_kept_connections_all_admit_and_no_more_are_kept(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service = AdmissionService(store)
+        workflows = [f"wf-{uuid.uuid4()}" for _ in range(admission.sql.WRITE_CONNECTIONS + 4)]
+        for workflow in workflows:
+            service.start_run("raw", workflow)
+        errors: list[BaseException] = []
+        decisions: list[Decision] = []
+
+        def admit(workflow: str) -> None:
+            try:
+                for i in range(10):
+                    answer = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
+                    decisions.append(answer.decision)
+            except BaseException as exc:  # reported below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=admit, args=(w,)) for w in workflows]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert errors == []
+        assert decisions == [Decision.FRESH] * (10 * len(workflows))
+        kept = store._writers._free  # type: ignore[attr-defined]
+        assert 1 <= len(kept) <= admission.sql.WRITE_CONNECTIONS
+        assert store._writers._lent == 0  # type: ignore[attr-defined]
+    finally:
+        store.dispose()
+
+
+def test_a_forked_child_admits_on_its_own_write_connection_and_leaves_the_parents_working(
+    db_url: str,
+) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="parent-1")
+        parent = _kept_backend(store)
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child; its exit status is the verdict
+            code = 1
+            try:
+                answer = service.admit_signal("raw", workflow, "n", ARGS, request_id="child")
+                ok = answer.decision is Decision.FRESH and _kept_backend(store) != parent
+                store.dispose()  # must not close the parent's connections
+                code = 0 if ok else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(child, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+        again = service.admit_signal("raw", workflow, "n", ARGS, request_id="parent-2")
+        assert again.decision is Decision.FRESH and _kept_backend(store) == parent
+        keys = [receipt_token("signal", "child"), "child"]
+        assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
+    finally:
+        store.dispose()
+
+
+def test_dispose_closes_the_kept_write_connections(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    service, workflow, _ = _new_instance(store)
+    service.admit_signal("raw", workflow, "n", ARGS)
+    (kept,) = store._writers._free  # type: ignore[attr-defined]
+    store.dispose()
+    assert kept.closed and store._writers._free == []  # type: ignore[attr-defined]
