@@ -108,6 +108,10 @@ def floor_metadata() -> MetaData:
                 )
                 for c in source.columns
             ],
+            # The table's own options too: admission's event log is AUTOINCREMENT
+            # on SQLite (positions are never reused), which costs a write of
+            # sqlite_sequence in every transaction.
+            **source.dialect_kwargs,
         )
         for constraint in source.constraints:
             if isinstance(constraint, UniqueConstraint):
