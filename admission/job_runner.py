@@ -13,6 +13,13 @@ step number and the state the previous step left, it returns
 3. otherwise run steps from ``resume_step + 1``, checkpointing each;
 4. record the result (fenced), publish it, acknowledge (fenced).
 
+While a step runs, a thread renews the lease every ``heartbeat_every``
+seconds (default: a third of the store's ``lease_seconds``), so a step may
+take longer than the lease without another owner reclaiming the job and
+running it again; a renewal the database refuses (the lease was taken after
+all, for instance while this process was paused) stops the renewals, and the
+next fenced write ends the attempt (``fenced``).
+
 A step that raises :class:`~admission.errors.RetryableJobError` ends the
 attempt retryable, any other exception ends it failed.  A cancel request seen
 at a step boundary stops the job there.  The runner never publishes after its
@@ -24,13 +31,15 @@ publication carrying an older fencing token than one it has seen
 
 from __future__ import annotations
 
+import threading
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from admission.encoding import Value
-from admission.errors import JobFencedError, RetryableJobError
+from admission.errors import AdmissionError, InvalidJobError, JobFencedError, RetryableJobError
 from admission.jobs import JobStore, JobView, Lease, Publisher, bounded_diagnostic
 
 __all__ = ["Continue", "Finish", "JobRunner", "RunReport", "StepHandler"]
@@ -74,8 +83,24 @@ class RunReport:
     published: bool = False
 
 
+class _Renewal:
+    """The lease renewals made while one step runs (see :meth:`JobRunner._renewing`)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.renewals = 0
+        self.lost = False
+        self.stop = threading.Event()
+
+
 class JobRunner:
-    """Claims and runs jobs of a :class:`~admission.jobs.JobStore`, publishing through a ``Publisher``."""
+    """Claims and runs jobs of a :class:`~admission.jobs.JobStore`, publishing through a ``Publisher``.
+
+    ``heartbeat_every``: seconds between lease renewals while a step runs
+    (``"auto"``, the default: a third of the store's ``lease_seconds``;
+    ``None``: renew only at checkpoints, so every step must end within the
+    lease).
+    """
 
     def __init__(
         self,
@@ -84,11 +109,54 @@ class JobRunner:
         handlers: Mapping[str, StepHandler],
         *,
         fault: Fault | None = None,
+        heartbeat_every: float | Literal["auto"] | None = "auto",
     ) -> None:
         self.store = store
         self.publisher = publisher
         self.handlers = dict(handlers)
         self.fault = fault
+        if heartbeat_every == "auto":
+            heartbeat_every = store.lease_seconds / 3
+        if heartbeat_every is not None and (
+            isinstance(heartbeat_every, bool)
+            or not isinstance(heartbeat_every, (int, float))
+            or not 0 < heartbeat_every < store.lease_seconds
+        ):
+            raise InvalidJobError(
+                f"must be a number of seconds, positive and shorter than the lease "
+                f"({store.lease_seconds} s), got {heartbeat_every!r}",
+                field="heartbeat_every",
+            )
+        self.heartbeat_every: float | None = heartbeat_every
+
+    @contextmanager
+    def _renewing(self, lease: Lease, deadline: float) -> Iterator[_Renewal]:
+        """Renew ``lease`` every ``heartbeat_every`` seconds until the block ends."""
+        renewal = _Renewal(deadline)
+        interval = self.heartbeat_every
+        if interval is None:
+            yield renewal
+            return
+
+        def renew() -> None:
+            while not renewal.stop.wait(interval):
+                try:
+                    control = self.store.heartbeat(lease)
+                except JobFencedError:
+                    renewal.lost = True  # another owner has the job: the next write says so
+                    return
+                except AdmissionError:
+                    continue  # busy or unavailable: the next beat tries again, the deadline stands
+                renewal.deadline = max(renewal.deadline, control.deadline)
+                renewal.renewals += 1
+
+        thread = threading.Thread(target=renew, name=f"lease-renewal-{lease.job_id}", daemon=True)
+        thread.start()
+        try:
+            yield renewal
+        finally:
+            renewal.stop.set()
+            thread.join()
 
     def run(self, job_id: str) -> RunReport:
         """Claim ``job_id`` and take it as far as it goes; a final job is acknowledged, nothing runs."""
@@ -127,7 +195,8 @@ class JobRunner:
         while True:
             number = step + 1
             try:
-                outcome = handler(lease.payload, number, state)
+                with self._renewing(lease, deadline) as renewal:
+                    outcome = handler(lease.payload, number, state)
             except RetryableJobError as exc:
                 view = self.store.fail(lease, bounded_diagnostic(f"step {number}: {exc}"), retryable=True)
                 return self._report(view, steps, False)
@@ -136,6 +205,7 @@ class JobRunner:
                 view = self.store.fail(lease, diagnostic, retryable=False)
                 return self._report(view, steps, False)
             steps.append(number)
+            deadline = renewal.deadline
             if isinstance(outcome, Finish):
                 break
             control = self.store.checkpoint(lease, number, outcome.state)

@@ -21,7 +21,7 @@ from admission.errors import (
     RetryableJobError,
     UnknownJobError,
 )
-from admission.job_runner import JobRunner
+from admission.job_runner import Continue, Finish, JobRunner
 from admission.job_states import JOB_TRANSITIONS, PublishedResult, find_cycle
 from admission.job_target import LocalPublisher
 from admission.jobs import (
@@ -429,6 +429,83 @@ def test_a_fence_is_refused_once_the_job_left_running(jobs: JobStore, target: Lo
     with pytest.raises(JobFencedError) as refused:
         jobs.complete(lease)
     assert refused.value.state == "completed"
+
+
+# -- lease renewal while a step runs ---------------------------------------------------------------
+
+
+class _Watched:
+    """A step 2 that outlasts the lease several times over while another store watches the job.
+
+    Between observations it waits until the runner has renewed the lease
+    (``renewed()`` grew) or, without renewals, for a fixed real time.
+    """
+
+    def __init__(self, other: JobStore, other_clock: ManualClock, renewed: object) -> None:
+        self.other, self.other_clock, self.renewed = other, other_clock, renewed
+        self.claims: list[str] = []
+        self.calls: list[int] = []
+
+    def __call__(self, payload: Value, step: int, state: Value) -> Continue | Finish:
+        import time
+
+        self.calls.append(step)
+        if step == 2 and len(self.calls) == 2:
+            for _ in range(3):
+                before = self.renewed()  # type: ignore[operator]
+                answer = self.other.claim("j1")
+                self.claims.append(answer.outcome if answer.lease is None else "claimed")
+                if answer.lease is not None:
+                    break
+                self.other_clock.advance(LEASE + 1)  # a whole lease on the watcher's clock
+                give_up = time.monotonic() + (5 if before is not None else 0.3)
+                while time.monotonic() < give_up and (before is None or self.renewed() == before):  # type: ignore[operator]
+                    time.sleep(0.01)
+        total = (state if isinstance(state, int) else 0) + step
+        return Finish({"sum": total}) if step >= 3 else Continue(total)
+
+
+@pytest.mark.parametrize("renewing", [True, False])
+def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
+    db_url: str, jobs: JobStore, target: LocalPublisher, renewing: bool
+) -> None:
+    other_clock = ManualClock()
+    other = open_jobs(db_url, other_clock)
+    try:
+        jobs.enqueue(job())
+        beats = [0]
+        heartbeat = jobs.heartbeat
+
+        def counted(lease: object) -> object:
+            control = heartbeat(lease)  # type: ignore[arg-type]
+            beats[0] += 1
+            return control
+
+        jobs.heartbeat = counted  # type: ignore[method-assign, assignment]
+        handler = _Watched(other, other_clock, (lambda: beats[0]) if renewing else (lambda: None))
+        run = JobRunner(jobs, target, {"count": handler}, heartbeat_every=0.05 if renewing else None)
+        report = run.run("j1")
+        if renewing:
+            # The watcher saw the lease renewed each time: the job was never taken.
+            assert handler.claims == ["not_claimable"] * 3 and beats[0] >= 3
+            assert (report.state, report.steps) == ("completed", (1, 2, 3))
+            [only] = target.read_published("j1")
+            assert only.result == canonical_encode({"sum": 6})
+        else:
+            # Renewing only at checkpoints, the watcher takes the job over in the middle of step 2.
+            assert handler.claims == ["not_claimable", "claimed"] and beats[0] == 0
+            assert report.outcome == "fenced" and target.read_published("j1") == []
+    finally:
+        other.dispose()
+
+
+def test_a_renewal_interval_must_be_shorter_than_the_lease(jobs: JobStore, target: LocalPublisher) -> None:
+    for bad in (0, -1, LEASE, LEASE * 2, True, "often"):
+        with pytest.raises(InvalidJobError) as refused:
+            JobRunner(jobs, target, {}, heartbeat_every=bad)  # type: ignore[arg-type]
+        assert refused.value.field == "heartbeat_every"
+    assert JobRunner(jobs, target, {}).heartbeat_every == LEASE / 3
+    assert JobRunner(jobs, target, {}, heartbeat_every=None).heartbeat_every is None
 
 
 # -- checkpoints and resume -------------------------------------------------------------------------
