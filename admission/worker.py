@@ -95,11 +95,12 @@ _STEP_MANY: Final = (
     )
     .values(state=bindparam("new_state"), updated_at=bindparam("now"), fence=bindparam("new_fence"))
 )
+_STEP_MANY_ATTEMPT: Final = _STEP_MANY.values(attempts=worker_records.c.attempts + 1)
+# What a send, a transition and a readback read of a record.
 _CYCLE_COLUMNS: Final = tuple(
     worker_records.c[name]
     for name in ("id", "write_id", "tenant", "source_key", "content", "state", "attempts")
 )
-_STEP_MANY_ATTEMPT: Final = _STEP_MANY.values(attempts=worker_records.c.attempts + 1)
 
 
 @dataclass(frozen=True)
