@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal
 from urllib.parse import quote
 
 import httpx
@@ -742,7 +742,67 @@ def _check_namespace(namespace: object) -> str:
     return namespace
 
 
-class AdmissionClient:
+class _Client:
+    """What the two clients share: their settings, and how a call is built from a method's arguments."""
+
+    def __init__(
+        self,
+        namespace: str,
+        codec: Codec | None,
+        policy: TransportRetryPolicy | None,
+        timeout: float,
+        random: Callable[[], float],
+        new_request_id: Callable[[CommandType], str],
+    ) -> None:
+        self.namespace = _check_namespace(namespace)
+        self.codec: Codec = codec if codec is not None else CborCodec()
+        self.policy = policy if policy is not None else TransportRetryPolicy()
+        self.timeout = timeout
+        self._random = random
+        self._new_request_id = new_request_id
+
+    def _command(
+        self,
+        command_type: CommandType,
+        workflow_id: str,
+        name: str,
+        arguments: Value,
+        request_id: str | None,
+        run_id: str | None,
+        wait_for: WaitFor | None = None,
+        wait_timeout_seconds: float | None = None,
+    ) -> _Call:
+        return _command_call(
+            command_type,
+            workflow_id,
+            name,
+            arguments,
+            request_id=request_id,
+            run_id=run_id,
+            wait_for=wait_for,
+            wait_timeout_seconds=wait_timeout_seconds,
+            codec=self.codec,
+            timeout=self.timeout,
+            new_request_id=self._new_request_id,
+        )
+
+    def _request(self, call: _Call) -> dict[str, Any]:
+        """The keyword arguments of one HTTP attempt of ``call``."""
+        return {
+            "content": call.content,
+            "params": call.params,
+            "headers": _headers(self.namespace),
+            "timeout": call.timeout,
+        }
+
+
+def _issued(receipt: Receipt | None) -> Receipt:
+    # A command always has a receipt: _interpret raises for every other answer.
+    assert receipt is not None
+    return receipt
+
+
+class AdmissionClient(_Client):
     """The synchronous client, on :class:`httpx.Client`.
 
     ``base_url`` is where the admission app is mounted; ``namespace`` goes in
@@ -766,10 +826,7 @@ class AdmissionClient:
         random: Callable[[], float] = _random.random,
         new_request_id: Callable[[CommandType], str] = generate_request_id,
     ) -> None:
-        self.namespace = _check_namespace(namespace)
-        self.codec: Codec = codec if codec is not None else CborCodec()
-        self.policy = policy if policy is not None else TransportRetryPolicy()
-        self.timeout = timeout
+        super().__init__(namespace, codec, policy, timeout, random, new_request_id)
         self._owned = http_client is None
         self._http = (
             http_client
@@ -777,8 +834,6 @@ class AdmissionClient:
             else httpx.Client(base_url=base_url, transport=transport, timeout=timeout)
         )
         self._sleep = sleep
-        self._random = random
-        self._new_request_id = new_request_id
 
     def signal(
         self,
@@ -796,22 +851,7 @@ class AdmissionClient:
         :class:`TransportFailed` or :class:`UnexpectedResponse`, each with
         ``request_id``.
         """
-        call = _command_call(
-            "signal",
-            workflow_id,
-            name,
-            arguments,
-            request_id=request_id,
-            run_id=run_id,
-            wait_for=None,
-            wait_timeout_seconds=None,
-            codec=self.codec,
-            timeout=self.timeout,
-            new_request_id=self._new_request_id,
-        )
-        receipt = self._run(call)
-        assert receipt is not None
-        return receipt
+        return _issued(self._run(self._command("signal", workflow_id, name, arguments, request_id, run_id)))
 
     def update(
         self,
@@ -831,22 +871,10 @@ class AdmissionClient:
         ``reason="update_failed"`` and its receipt.  Other failures as for
         :meth:`signal`, with :class:`UpdateFailed` for a conflict.
         """
-        call = _command_call(
-            "update",
-            workflow_id,
-            name,
-            arguments,
-            request_id=request_id,
-            run_id=run_id,
-            wait_for=wait_for,
-            wait_timeout_seconds=wait_timeout_seconds,
-            codec=self.codec,
-            timeout=self.timeout,
-            new_request_id=self._new_request_id,
+        call = self._command(
+            "update", workflow_id, name, arguments, request_id, run_id, wait_for, wait_timeout_seconds
         )
-        receipt = self._run(call)
-        assert receipt is not None
-        return receipt
+        return _issued(self._run(call))
 
     def receipt(self, workflow_id: str, command_type: CommandType, request_id: str) -> Receipt | None:
         """Read the receipt a key names, admitting nothing; ``None`` when there is none.
@@ -869,14 +897,7 @@ class AdmissionClient:
         plan = _Attempts(self.policy, call, self._random)
         for attempt in plan:
             try:
-                response = self._http.request(
-                    call.method,
-                    call.path,
-                    content=call.content,
-                    params=call.params,
-                    headers=_headers(self.namespace),
-                    timeout=call.timeout,
-                )
+                response = self._http.request(call.method, call.path, **self._request(call))
             except httpx.HTTPError as exc:
                 self._sleep(plan.failed(attempt, exc))
                 continue
@@ -900,7 +921,7 @@ class AdmissionClient:
         self.close()
 
 
-class AsyncAdmissionClient:
+class AsyncAdmissionClient(_Client):
     """The asynchronous client, on :class:`httpx.AsyncClient`; the same calls and failures as
     :class:`AdmissionClient`, awaited.  ``sleep`` is awaited between attempts."""
 
@@ -918,10 +939,7 @@ class AsyncAdmissionClient:
         random: Callable[[], float] = _random.random,
         new_request_id: Callable[[CommandType], str] = generate_request_id,
     ) -> None:
-        self.namespace = _check_namespace(namespace)
-        self.codec: Codec = codec if codec is not None else CborCodec()
-        self.policy = policy if policy is not None else TransportRetryPolicy()
-        self.timeout = timeout
+        super().__init__(namespace, codec, policy, timeout, random, new_request_id)
         self._owned = http_client is None
         self._http = (
             http_client
@@ -929,8 +947,6 @@ class AsyncAdmissionClient:
             else httpx.AsyncClient(base_url=base_url, transport=transport, timeout=timeout)
         )
         self._sleep = sleep
-        self._random = random
-        self._new_request_id = new_request_id
 
     async def signal(
         self,
@@ -942,22 +958,8 @@ class AsyncAdmissionClient:
         run_id: str | None = None,
     ) -> Receipt:
         """Send a signal (see :meth:`AdmissionClient.signal`)."""
-        call = _command_call(
-            "signal",
-            workflow_id,
-            name,
-            arguments,
-            request_id=request_id,
-            run_id=run_id,
-            wait_for=None,
-            wait_timeout_seconds=None,
-            codec=self.codec,
-            timeout=self.timeout,
-            new_request_id=self._new_request_id,
-        )
-        receipt = await self._run(call)
-        assert receipt is not None
-        return receipt
+        call = self._command("signal", workflow_id, name, arguments, request_id, run_id)
+        return _issued(await self._run(call))
 
     async def update(
         self,
@@ -971,22 +973,10 @@ class AsyncAdmissionClient:
         wait_timeout_seconds: float | None = None,
     ) -> Receipt:
         """Send an update (see :meth:`AdmissionClient.update`)."""
-        call = _command_call(
-            "update",
-            workflow_id,
-            name,
-            arguments,
-            request_id=request_id,
-            run_id=run_id,
-            wait_for=wait_for,
-            wait_timeout_seconds=wait_timeout_seconds,
-            codec=self.codec,
-            timeout=self.timeout,
-            new_request_id=self._new_request_id,
+        call = self._command(
+            "update", workflow_id, name, arguments, request_id, run_id, wait_for, wait_timeout_seconds
         )
-        receipt = await self._run(call)
-        assert receipt is not None
-        return receipt
+        return _issued(await self._run(call))
 
     async def receipt(self, workflow_id: str, command_type: CommandType, request_id: str) -> Receipt | None:
         """Read the receipt a key names (see :meth:`AdmissionClient.receipt`)."""
@@ -1005,14 +995,7 @@ class AsyncAdmissionClient:
         plan = _Attempts(self.policy, call, self._random)
         for attempt in plan:
             try:
-                response = await self._http.request(
-                    call.method,
-                    call.path,
-                    content=call.content,
-                    params=call.params,
-                    headers=_headers(self.namespace),
-                    timeout=call.timeout,
-                )
+                response = await self._http.request(call.method, call.path, **self._request(call))
             except httpx.HTTPError as exc:
                 await self._sleep(plan.failed(attempt, exc))
                 continue
