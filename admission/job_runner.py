@@ -88,8 +88,6 @@ class _Renewal:
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
-        self.renewals = 0
-        self.lost = False
         self.stop = threading.Event()
 
 
@@ -143,12 +141,10 @@ class JobRunner:
                 try:
                     control = self.store.heartbeat(lease)
                 except JobFencedError:
-                    renewal.lost = True  # another owner has the job: the next write says so
-                    return
+                    return  # another owner has the job: the step's next fenced write says so
                 except AdmissionError:
                     continue  # busy or unavailable: the next beat tries again, the deadline stands
                 renewal.deadline = max(renewal.deadline, control.deadline)
-                renewal.renewals += 1
 
         thread = threading.Thread(target=renew, name=f"lease-renewal-{lease.job_id}", daemon=True)
         thread.start()
