@@ -90,3 +90,32 @@ def test_accept_refusals_observe_resolve_and_status(tmp_path: Path) -> None:
     started = cli("start", *base, *target, "--cycles", "2", "--interval", "0")
     lines = [json.loads(line) for line in started.stdout.splitlines()]
     assert [line.get("cycle") for line in lines[:2]] == [1, 2] and lines[-1]["stopped"] is True
+
+
+def test_the_outage_fault_retries_until_the_attempts_run_out_and_nothing_reaches_the_target(
+    tmp_path: Path,
+) -> None:
+    url = sqlite_url(tmp_path)
+    scope = tmp_path / "scope.json"
+    scope.write_text(json.dumps(SCOPE))
+    base = ["--db", url, "--scope", str(scope)]
+    target_path = tmp_path / "target.sqlite3"
+    record = tmp_path / "r.json"
+    record.write_text(json.dumps({**SCOPE, "source_key": "lead-1", "payload": {"a": 1}}))
+    assert cli("accept", *base, "--record", str(record)).returncode == 0
+    reports = []
+    for _ in range(3):  # the default bound of attempts (contract §1)
+        once = cli("once", *base, "--target", str(target_path), "--fault", "outage")
+        assert once.returncode == 0, once.stderr
+        reports.append(json.loads(once.stdout))
+    # A before-write error is the one failure that permits another send (contract §2).
+    assert [(r["retried"], r["failed_safe"]) for r in reports] == [(1, 0), (1, 0), (0, 1)]
+    counts = json.loads(cli("status", *base).stdout)["counts"]
+    assert counts["failed_safe"] == 1 and not counts.get("uncertain")
+    import sqlite3
+
+    with sqlite3.connect(target_path) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        rows = sum(conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables)
+    conn.close()
+    assert rows == 0
