@@ -134,9 +134,14 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
         if conn.get_execution_options().get(_WRITE):
             # Admission's own write transactions: on the driver, because
             # SQLAlchemy's execution path costs several times the statement.
-            # A busy timeout raises the driver's error, which SqlStore
-            # translates like SQLAlchemy's.
-            conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+            # SQLAlchemy does not wrap what a begin listener raises, so a busy
+            # timeout is wrapped here as SQLAlchemy wraps a statement's error:
+            # every store's translation then sees the error it expects.
+            error = conn.dialect.loaded_dbapi.Error
+            try:
+                conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+            except error as exc:
+                raise DBAPIError.instance("BEGIN IMMEDIATE", (), exc, error) from exc
         else:
             conn.exec_driver_sql("BEGIN")
 
