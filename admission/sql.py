@@ -1011,10 +1011,10 @@ class _Writers:
             with connection.begin():
                 yield connection
             healthy = True
-        except AdmissionError as exc:
-            # Admission's own refusal was rolled back on a sound connection; a
-            # storage failure may have come from the connection itself.
-            healthy = not isinstance(exc, StorageError)
+        except AdmissionError:
+            # Admission's own refusal was rolled back on a sound connection;
+            # driver errors reach here untranslated and close the connection.
+            healthy = True
             raise
         finally:
             self._give(connection, generation, healthy)
