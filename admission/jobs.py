@@ -54,7 +54,7 @@ from typing import Any, Final, Literal
 
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from admission.encoding import Value, canonical_decode, canonical_encode
 from admission.errors import (
@@ -218,6 +218,8 @@ class JobStore:
             raise StorageError(f"the database refused a job write: {exc.orig}") from exc
         except OperationalError as exc:
             raise StorageError(f"the database is unavailable or busy: {exc.orig}") from exc
+        except DBAPIError as exc:
+            raise StorageError(f"the database refused a job operation: {exc.orig}") from exc
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:

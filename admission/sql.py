@@ -873,7 +873,7 @@ class _Readers:
         self._engine = engine
         self._local = threading.local()
         self._mutex = threading.Lock()
-        self._open: list[tuple[int, Any]] = []
+        self._open: list[tuple[int, threading.Thread, Any]] = []
         # Connections inherited through fork: kept referenced so that
         # collecting them never closes the parent's session.
         self._inherited: list[Any] = []
@@ -894,7 +894,14 @@ class _Readers:
         cursor = connection.cursor()
         self._local.held = [pid, connection, cursor, uses]
         with self._mutex:
-            self._open.append((pid, connection))
+            # A thread that ended (a server's pool retires idle threads) leaves
+            # its connection here: close those as new threads come.
+            ended = [(p, t, c) for p, t, c in self._open if p == pid and not t.is_alive()]
+            self._open = [entry for entry in self._open if entry not in ended]
+            self._open.append((pid, threading.current_thread(), connection))
+        for _, _, stale in ended:
+            with suppress(Exception):
+                stale.close()
         return cursor
 
     def _connect(self) -> Any:
@@ -918,7 +925,7 @@ class _Readers:
         if held is None or held[0] != os.getpid():
             return
         with self._mutex:
-            self._open = [(p, c) for p, c in self._open if c is not held[1]]
+            self._open = [entry for entry in self._open if entry[2] is not held[1]]
         # It is being thrown away because it failed; closing may fail too.
         with suppress(Exception):
             held[1].close()
@@ -927,8 +934,8 @@ class _Readers:
         """Close every connection this process opened; other threads reopen on their next read."""
         pid = os.getpid()
         with self._mutex:
-            mine = [c for p, c in self._open if p == pid]
-            self._inherited.extend(c for p, c in self._open if p != pid)
+            mine = [c for p, _, c in self._open if p == pid]
+            self._inherited.extend(c for p, _, c in self._open if p != pid)
             self._open = []
             self._local = threading.local()
         for connection in mine:
@@ -1100,6 +1107,8 @@ class SqlStore:
             ) from exc
         except OperationalError as exc:
             raise StorageError(f"the database is unavailable or busy: {exc.orig}") from exc
+        except DBAPIError as exc:
+            raise StorageError(f"the database refused an operation: {exc.orig}") from exc
         except self._dbapi_integrity as exc:
             # The same refusal, raised by a statement run on the driver (_Raw).
             name = _constraint_of(exc)

@@ -600,3 +600,30 @@ def test_dispose_closes_the_kept_write_connections(db_url: str) -> None:
     (kept,) = store._writers._free  # type: ignore[attr-defined]
     store.dispose()
     assert kept.closed and store._writers._free == []  # type: ignore[attr-defined]
+
+
+def test_the_read_connection_of_a_thread_that_ended_is_closed_when_another_thread_reads(db_url: str) -> None:
+    store = SqlStore.open(db_url)
+    try:
+        service, workflow, _ = _new_instance(store)
+        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
+        keys = [receipt_token("signal", "k"), "k"]
+        seen: list[Any] = []
+
+        def read() -> None:
+            assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
+            seen.append(store._readers._local.held[1])  # type: ignore[attr-defined]
+
+        for _ in range(3):  # threads that read once and end, as a server's idle threads do
+            thread = threading.Thread(target=read)
+            thread.start()
+            thread.join(60)
+        first, second, third = seen
+        assert len({id(first), id(second), id(third)}) == 3
+        for ended in (first, second):
+            with pytest.raises(Exception, match="closed"):
+                ended.cursor().execute("SELECT 1")
+        third.cursor().execute("SELECT 1")  # the newest thread's connection stays open until dispose
+        assert len(store._readers._open) == 2  # type: ignore[attr-defined]  # this thread and the newest
+    finally:
+        store.dispose()
