@@ -580,13 +580,10 @@ class AdmissionService:
         encoded = encode_intent(command_type, name, arguments, target, max_size=self._max_size)
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         token = None if key is None else receipt_token(command_type, key)
-        # Whether committed receipts were read (and answered nothing) just before the lock.
-        read_before = False
         if key is not None and token is not None and connection is None:
             answer = self._judge_committed(namespace, workflow_id, intent, key, token)
             if answer is not None:
                 return answer
-            read_before = True
         now = self._clock()
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
@@ -597,7 +594,7 @@ class AdmissionService:
             # reading the key again under the lock would find nothing more
             # (docs/guide.md, section 4).  Inside a caller's
             # transaction there was no read before, so the lock reads.
-            if key is not None and token is not None and not read_before:
+            if key is not None and token is not None and connection is not None:
                 answer = self._judge_key(tx, intent, key, token)
                 if answer is not None:
                     return answer
@@ -628,9 +625,9 @@ class AdmissionService:
                 intent_encoding=INTENT_VERSION,
             )
             if not tx.insert_command(row):
-                # The unique index is the backstop of the lock (contract §4): it
-                # can only fire if something wrote this key outside the lock.
-                # Its answer is the receipt now stored, never an error.
+                # The unique index (contract §4): another caller committed this
+                # key after the unlocked read above (or wrote it outside the
+                # lock).  The answer is the receipt now stored, never an error.
                 assert key is not None and token is not None
                 answer = self._judge_key(tx, intent, key, token)
                 if answer is None:
