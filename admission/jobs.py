@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import Engine, case, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
@@ -620,7 +620,9 @@ class JobStore:
                         worker_jobs.c.state.in_(["queued", "retry_wait", "running"]),
                         worker_jobs.c.paused.is_(False),
                     )
-                    .order_by(worker_jobs.c.position)
+                    # Waiting jobs first: running ones are claimable only once their
+                    # lease lapsed, and a scan full of live ones must not hide the rest.
+                    .order_by(case((worker_jobs.c.state == "running", 1), else_=0), worker_jobs.c.position)
                     .limit(_CLAIM_SCAN)
                 ).scalars()
             )

@@ -265,6 +265,23 @@ def test_a_failed_dependency_fails_its_dependents_transitively(
     assert jobs.status(jobs.enqueue(job("d", depends_on=("a",))).job_id).state == "failed"
 
 
+def test_claim_next_finds_a_waiting_job_behind_more_running_ones_than_it_scans(db_url: str) -> None:
+    import admission.jobs
+
+    store = open_jobs(db_url, max_waiting=200)
+    try:
+        running = admission.jobs._CLAIM_SCAN + 2
+        for i in range(running + 3):
+            store.enqueue(job(f"j{i:03d}"))
+        for i in range(running):  # the oldest ones hold live leases
+            assert store.claim(f"j{i:03d}").outcome == "claimed"
+        claimed = store.claim_next("tenant-a")
+        assert claimed is not None and claimed.lease is not None
+        assert claimed.job_id == f"j{running:03d}"  # the oldest waiting one
+    finally:
+        store.dispose()
+
+
 # -- pause, stop, cancel ----------------------------------------------------------------------------
 
 
