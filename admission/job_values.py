@@ -266,7 +266,12 @@ def check_diagnostic(diagnostic: str | None, job_id: str) -> None:
         return
     if not isinstance(diagnostic, str):
         raise InvalidJobError("must be a string", field="diagnostic", job_id=job_id)
-    size = len(diagnostic.encode("utf-8", "surrogatepass"))
+    try:
+        size = len(diagnostic.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise InvalidJobError(
+            f"must be valid text: a lone surrogate at index {exc.start}", field="diagnostic", job_id=job_id
+        ) from exc
     if size > MAX_DIAGNOSTIC_BYTES:
         raise InvalidJobError(
             f"is {size} bytes of UTF-8, more than {MAX_DIAGNOSTIC_BYTES}", field="diagnostic", job_id=job_id

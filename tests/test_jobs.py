@@ -210,6 +210,9 @@ def test_a_diagnostic_over_2_kib_is_refused_and_bounded_diagnostic_fits_visibly(
     with pytest.raises(InvalidJobError) as refused:
         jobs.fail(lease, "é" * (MAX_DIAGNOSTIC_BYTES // 2 + 1), retryable=True)
     assert refused.value.field == "diagnostic"
+    with pytest.raises(InvalidJobError) as surrogate:
+        jobs.fail(lease, "broken \ud800 text", retryable=True)  # no database can store it
+    assert surrogate.value.field == "diagnostic" and "surrogate" in str(surrogate.value)
     assert counts(jobs.engine) == before and jobs.status("j1").state == "running"
     cut = bounded_diagnostic("é" * 5000)
     assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES and cut.endswith("[truncated 10000 bytes]")
