@@ -3,13 +3,13 @@
 A job here has ``--steps`` steps (default 3) that do no work, so what is
 measured is the job machinery: enqueue, claim, a checkpoint per step but the
 last, record the result, publish it to the local target, acknowledge.  That
-is ``steps + 4`` transactions on the job database and one on the target,
+is ``steps + 3`` transactions on the job database and one on the target,
 each durable (WAL, ``synchronous=FULL``).
 
 Floors, on the same machine, in the same run, interleaved with the jobs:
 
 * **target**: the same publications written directly with
-  ``LocalPublisher.publish`` (the external effect alone);
+  ``LocalPublisher.publish``, fenced as the runner's are (the external effect alone);
 * **raw transactions**: the same number of durable transactions as a job
   needs, each one single-row INSERT through the raw ``sqlite3`` driver into a
   scratch table on a database configured like the job database, plus the
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     raw.execute("PRAGMA synchronous=FULL")
     raw.execute("CREATE TABLE floor (id INTEGER PRIMARY KEY, job_id TEXT NOT NULL, state BLOB NOT NULL)")
     ids = itertools.count()
-    transactions = args.steps + 4
+    # enqueue, claim, a checkpoint per step but the last, record, acknowledge
+    transactions = args.steps + 3
 
     def one_job() -> None:
         job_id = f"job-{next(ids)}"
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         assert report.state == "completed", report
 
     def one_publication() -> None:
-        floor_target.publish(f"floor-{next(ids)}", "attempt", RESULT)
+        floor_target.publish(f"floor-{next(ids)}", "attempt", RESULT, fence=1)
 
     def raw_transactions() -> None:
         job_id = f"raw-{next(ids)}"
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             raw.execute("BEGIN IMMEDIATE")
             raw.execute("INSERT INTO floor (job_id, state) VALUES (?, ?)", (job_id, RESULT))
             raw.execute("COMMIT")
-        floor_target.publish(job_id, "attempt", RESULT)
+        floor_target.publish(job_id, "attempt", RESULT, fence=1)
 
     candidates = {"jobs": one_job, "target": one_publication, "raw transactions": raw_transactions}
     rates: dict[str, list[float]] = {name: [] for name in candidates}
