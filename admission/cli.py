@@ -606,6 +606,7 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
+                    worker.keep_lease()  # idle is no reason to lose the queue
                     time.sleep(min(left, 0.1))
     finally:
         for signum, handler in previous.items():

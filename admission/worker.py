@@ -372,7 +372,12 @@ class DurableWorker:
         """Give the lease up (if still ours) and drop the file lock."""
         self.lease.release()
 
-    def _keep_lease(self) -> None:
+    def keep_lease(self) -> None:
+        """Renew the lease if half its ttl has passed on this owner's monotonic clock.
+
+        A long-lived owner calls it while idle between cycles (``admission
+        worker start`` does); a cycle calls it before every send and readback.
+        """
         self.lease.keep()
 
     # -- the write cycle (contract §2) -------------------------------------------------------------
@@ -389,7 +394,7 @@ class DurableWorker:
         with self.owned() as token:
             # A long-lived owner (``start``) renews here too, so that idle time
             # between cycles never lets the lease lapse.
-            self._keep_lease()
+            self.keep_lease()
             counts = {"recovered": 0, "reconciled": 0, "still_uncertain": 0, "sent": 0}
             outcomes = {"confirmed": 0, "retried": 0, "failed_safe": 0, "uncertain": 0}
             for row in self._rows(IN_FLIGHT):
@@ -410,7 +415,7 @@ class DurableWorker:
             for start in range(0, len(prepared), self.send_batch):
                 batch = prepared[start : start + self.send_batch]
                 self._hook("before_dispatch")
-                self._keep_lease()
+                self.keep_lease()
                 flights = self._dispatch(batch, acknowledged)
                 if acknowledged:
                     outcomes["confirmed"] += len(acknowledged)
@@ -418,6 +423,7 @@ class DurableWorker:
                 acknowledged = []
                 for flight in flights:
                     counts["sent"] += 1
+                    self.keep_lease()
                     outcome = self._send(target, flight)
                     if outcome == "acknowledged":
                         acknowledged.append(flight)
@@ -444,6 +450,7 @@ class DurableWorker:
             )
 
     def _reconcile(self, target: Target, row: RowMapping) -> bool:
+        self.keep_lease()
         try:
             answer = target.read_back(row["write_id"])
         except Exception:
@@ -456,7 +463,6 @@ class DurableWorker:
             or answer.content != bytes(row["content"])
         ):
             return False
-        self._keep_lease()
         self._transition(row, "readback_found", "exact readback of the same write_id")
         return True
 
@@ -682,7 +688,7 @@ class DurableWorker:
             raise InvalidRecordError("must be an integer from 1 to 1000", field="poll_limit")
         records = worker_records.c
         with self.owned():
-            self._keep_lease()
+            self.keep_lease()
             with self._read() as conn:
                 rows = list(
                     conn.execute(
@@ -702,7 +708,7 @@ class DurableWorker:
             tally = {"read": 0, "changed": 0, "missing": 0, "failed": 0}
             for row in rows:
                 read = by_id.get(row["write_id"], StatusRead("unknown", row["write_id"], detail="no answer"))
-                self._keep_lease()
+                self.keep_lease()
                 changed = self._apply_read(row, read)
                 tally["read"] += 1
                 if read.kind == "missing":

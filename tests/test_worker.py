@@ -352,6 +352,32 @@ def test_an_expired_lease_is_reclaimed_with_a_new_token_and_the_old_owner_is_fen
     engine_b.dispose()
 
 
+def test_an_owner_that_keeps_its_lease_while_idle_and_reading_back_is_never_taken_over(
+    db_url: str, target: SqliteTarget
+) -> None:
+    engine_a, engine_b = create_admission_engine(db_url), create_admission_engine(db_url)
+    clock_a, clock_b = Clock(), Clock()
+    owner = DurableWorker(engine_a, SCOPE, file_lock=False, monotonic=clock_a, lease_ttl=10)
+    other = DurableWorker(engine_b, SCOPE, file_lock=False, monotonic=clock_b, lease_ttl=10)
+    write_id = owner.accept(record("k")).write_id
+    with owner.owned():
+        owner.run_once(FaultyTarget(target, "timeout"))  # leaves the record uncertain
+        target.delete(write_id)  # and its readbacks find nothing
+        for _ in range(4):  # idle, then a cycle whose only work is a readback that finds nothing
+            with pytest.raises(LeaseHeldError):
+                other.claim()
+            clock_a.now += 6
+            clock_b.now += 6
+            owner.keep_lease()
+            clock_a.now += 6
+            clock_b.now += 6
+            assert owner.run_once(target).still_uncertain == 1
+        with pytest.raises(LeaseHeldError):
+            other.claim()  # 48 s on both clocks, yet the heartbeat never stood still for 10
+    engine_a.dispose()
+    engine_b.dispose()
+
+
 def test_the_file_lock_is_exclusive(tmp_path: Path) -> None:
     first, second = FileLock(tmp_path / "q.lock"), FileLock(tmp_path / "q.lock")
     first.acquire()
