@@ -511,8 +511,14 @@ def _install_error_handlers(app: FastAPI) -> None:
             return _error(503, "storage_unavailable", exc.message)
         return _error(500, exc.code, exc.message)
 
-    async def on_unexpected(_request: Request, exc: Exception) -> JSONResponse:
-        return _error(500, "internal_error", f"{type(exc).__name__} while handling the request")
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        answer = _error(500, "internal_error", f"{type(exc).__name__} while handling the request")
+        # Starlette answers an unhandled exception outside every middleware,
+        # _EchoRequestId included, so the echo is made here for this one answer.
+        echoed = request.headers.get(REQUEST_ID_HEADER)
+        if echoed is not None:
+            answer.headers[REQUEST_ID_HEADER] = echoed
+        return answer
 
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -152,6 +152,23 @@ def test_x_request_id_is_echoed_and_never_becomes_a_key(
     assert "x-request-id" not in post(client, "/api/workflows/wf-1/signal/go", {}).headers
 
 
+def test_an_unexpected_error_is_a_500_that_still_echoes_the_request_id(
+    service: AdmissionService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started(service)
+
+    def broken(*_args: object, **_kwargs: object) -> object:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(service, "admit_signal", broken)
+    client = make_client(service)
+    failed = post(client, "/api/workflows/wf-1/signal/go", {}, **{"X-Request-Id": "corr-9"})
+    assert failed.status_code == 500 and failed.headers["x-request-id"] == "corr-9"
+    assert assert_error_shape(failed)["reason"] == "internal_error"
+    assert "a bug" not in failed.text  # the type is named, the message stays in the server's log
+    assert "x-request-id" not in post(client, "/api/workflows/wf-1/signal/go", {}).headers
+
+
 def test_the_namespace_header_isolates_keys(client: TestClient, service: AdmissionService) -> None:
     service.start_run(NS, "wf-1")
     service.start_run("default", "wf-1")
