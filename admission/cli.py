@@ -355,11 +355,10 @@ def _aes_gcm_key() -> tuple[bytes, str] | None:
     if not text:
         return None
     import base64
-    import binascii
 
     try:
         key = base64.b64decode(text.strip(), validate=True)
-    except binascii.Error:
+    except ValueError:  # binascii.Error, and text that is not ASCII at all
         raise _InputError(ENV_AES_GCM_KEY, "not standard base64") from None
     if len(key) not in (16, 24, 32):
         raise _InputError(ENV_AES_GCM_KEY, f"must decode to 16, 24 or 32 bytes, got {len(key)}")

@@ -672,18 +672,26 @@ def test_admission_serve_admits_over_a_real_socket(db_url: str) -> None:
         store.dispose()
 
 
-def test_admission_serve_refuses_a_bad_key_before_listening(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        (base64.b64encode(b"short").decode(), "must decode to 16, 24 or 32 bytes, got 5"),
+        ("not*base64", "not standard base64"),
+        ("clé-non-ascii", "not standard base64"),
+    ],
+)
+def test_admission_serve_refuses_a_bad_key_before_listening(tmp_path: Path, key: str, message: str) -> None:
     url = sqlite_url(tmp_path)
     result = subprocess.run(
         [sys.executable, "-m", "admission", "--db", url, "serve", "--port", str(free_port())],
         capture_output=True,
         text=True,
-        env={**os.environ, "ADMISSION_AES_GCM_KEY": base64.b64encode(b"short").decode()},
+        env={**os.environ, "ADMISSION_AES_GCM_KEY": key},
         timeout=60,
     )
-    assert result.returncode == 2
-    assert "ADMISSION_AES_GCM_KEY: must decode to 16, 24 or 32 bytes, got 5" in result.stderr
-    assert result.stdout == ""
+    assert result.returncode == 2, result.stderr
+    assert f"ADMISSION_AES_GCM_KEY: {message}" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
 
 
 def test_every_python_block_of_the_http_guide_runs() -> None:
