@@ -753,7 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
     db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")
     db_downgrade.add_argument("revision", metavar="REVISION")
     db_downgrade.add_argument(
-        "--allow-unsafe", action="store_true", help="downgrade even though receipts with intent digests exist"
+        "--allow-unsafe",
+        action="store_true",
+        help="downgrade even though receipts with intent digests, worker records or jobs exist",
     )
     db_downgrade.set_defaults(handler=_cmd_db_downgrade)
 

@@ -17,7 +17,8 @@ command key (contract §2.7): the key travels in the body's ``request_id``.
 An admission answer is ``Admission.to_dict()`` with its own status; every
 4xx/5xx body is a JSON object with at least ``reason`` and ``message``.  Bad
 input is refused before the service is called, or by the service before it
-opens a transaction, so a 422 never writes.
+opens a transaction, so such a 422 (one without ``outcome``) never writes; a
+422 that carries an admission's ``outcome`` is an answer (a failed update).
 
 The service is synchronous; it runs in the threadpool.  Waiting for an update
 to complete polls the receipt between short sleeps on the event loop, never

@@ -78,8 +78,9 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
 def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> str | None:
     """Downgrade to ``revision``.
 
-    Refused once receipts with intent digests exist, unless ``allow_unsafe``
-    (docs/upgrading.md explains why an older writer is then unsafe).
+    Refused once receipts with intent digests exist (below ``0002``), any
+    worker record (below ``0003``) or any job (below ``0004``), unless ``allow_unsafe`` (docs/upgrading.md
+    explains why an older writer is then unsafe).
     """
     config = alembic_config(engine, x_arguments={"allow-unsafe-downgrade": "yes"} if allow_unsafe else None)
     _migrate(engine, config, lambda c: command.downgrade(c, revision))

@@ -536,3 +536,20 @@ def test_polling_is_fair_for_any_sequence_of_limits(
             polls[i] += worker.get(i)["polled_at"] != before[i]
         assert max(polls.values()) - min(polls.values()) <= 1
     assert sum(polls.values()) == sum(min(limit, size) for limit in limits)
+
+
+def test_the_downgrade_of_0003_is_refused_while_worker_records_exist(db_url: str) -> None:
+    from admission.migrate import downgrade, revision_of
+
+    engine = create_admission_engine(db_url)
+    try:
+        worker = DurableWorker(engine, SCOPE, file_lock=False)
+        worker.accept(record("k"))
+        with pytest.raises(RuntimeError, match="refusing to downgrade: 1 worker records"):
+            downgrade(engine, "0002")
+        assert revision_of(engine) == "0004"  # one transaction: nothing was downgraded
+        assert worker.find("k")["state"] == "prepared"
+        downgrade(engine, "0002", allow_unsafe=True)
+        assert revision_of(engine) == "0002"
+    finally:
+        engine.dispose()

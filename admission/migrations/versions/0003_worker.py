@@ -12,7 +12,7 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision = "0003"
 down_revision = "0002"
@@ -134,6 +134,15 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    # Dropping the queue would drop its records, uncertain ones included, and
+    # with them what an operator needs to settle a write that may have landed.
+    records = op.get_bind().execute(sa.text("SELECT count(*) FROM worker_records")).scalar_one()
+    allowed = context.get_x_argument(as_dictionary=True).get("allow-unsafe-downgrade") == "yes"
+    if records and not allowed:
+        raise RuntimeError(
+            f"refusing to downgrade: {records} worker records and their events would be dropped. "
+            "Settle and drain the queues first, or pass -x allow-unsafe-downgrade=yes; see docs/worker.md"
+        )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER worker_records_fence ON worker_records")
         op.execute("DROP FUNCTION worker_records_fence()")
