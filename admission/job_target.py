@@ -34,8 +34,6 @@ from admission.job_states import PublishedResult
 
 __all__ = ["LocalPublisher", "MemoryPublisher"]
 
-# publication_fences came later than published_results: IF NOT EXISTS adds it
-# to a target file made before it, leaving the publications as they are.
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS published_results (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,

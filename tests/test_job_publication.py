@@ -151,21 +151,3 @@ def test_a_target_refuses_exactly_the_calls_older_than_the_newest_token_it_has_s
         for job_id in ("a", "b"):
             assert list(target.read_published(job_id)) == [p for p in accepted if p.job_id == job_id]
 
-
-def test_a_target_file_made_before_fencing_keeps_its_publications(tmp_path: Path) -> None:
-    import sqlite3
-
-    path = tmp_path / "old-target.sqlite3"
-    with sqlite3.connect(path) as conn:
-        conn.executescript(
-            "CREATE TABLE published_results (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL,"
-            " attempt_id TEXT NOT NULL, result BLOB NOT NULL, published_at TEXT NOT NULL);"
-            "INSERT INTO published_results (job_id, attempt_id, result, published_at)"
-            " VALUES ('j1', 'a1', x'00', '2026-01-01');"
-        )
-    conn.close()
-    target = LocalPublisher(path)
-    assert target.read_published("j1", fence=3) == [PublishedResult("j1", "a1", b"\x00")]
-    with pytest.raises(JobFencedError):
-        target.publish("j1", "a0", b"\x01", fence=2)
-    assert target.count() == 1
