@@ -519,6 +519,39 @@ def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
         other.dispose()
 
 
+def test_a_renewal_that_fails_for_a_busy_database_is_tried_again_at_the_next_beat(
+    jobs: JobStore, target: LocalPublisher
+) -> None:
+    import threading
+
+    from admission.errors import StorageError
+
+    jobs.enqueue(job(steps=2))
+    calls: list[str] = []
+    renewed = threading.Event()
+    heartbeat = jobs.heartbeat
+
+    def flaky(lease: object) -> object:
+        if not calls:
+            calls.append("busy")
+            raise StorageError("the database is unavailable or busy: database is locked")
+        calls.append("renewed")
+        renewed.set()
+        return heartbeat(lease)  # type: ignore[arg-type]
+
+    jobs.heartbeat = flaky  # type: ignore[method-assign, assignment]
+
+    def step(payload: Value, number: int, state: Value) -> Continue | Finish:
+        if number == 1:
+            assert renewed.wait(5), calls  # the step outlives a failed beat and a good one
+            return Continue(1)
+        return Finish({"sum": 3})
+
+    report = JobRunner(jobs, target, {"count": step}, heartbeat_every=0.02).run("j1")
+    assert calls[:2] == ["busy", "renewed"]
+    assert (report.state, report.steps) == ("completed", (1, 2))
+
+
 def test_a_renewal_interval_must_be_shorter_than_the_lease(jobs: JobStore, target: LocalPublisher) -> None:
     for bad in (0, -1, LEASE, LEASE * 2, True, "often"):
         with pytest.raises(InvalidJobError) as refused:
