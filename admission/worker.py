@@ -197,7 +197,6 @@ class DurableWorker:
             lock_path = f"{engine.url.database}.{queue}.lock"
         self.lock_path = Path(lock_path) if file_lock and lock_path is not None else None
         self._now = now
-        self._monotonic = monotonic
         self._hook = hook
         self._new_id = new_id
         self.lease = Lease(
@@ -623,18 +622,21 @@ class DurableWorker:
         fence: int | None,
         actor: str | None = None,
     ) -> None:
-        conn.execute(
-            worker_events.insert().values(
-                queue=self.queue,
-                write_id=write_id,
-                event_type=event_type,
-                from_state=from_state,
-                to_state=to_state,
-                reason=bounded_text(reason, self.limits.max_diagnostic),
-                actor=actor,
-                fence=fence,
-                recorded_at=self._now(),
-            )
+        self._events.insert(
+            conn,
+            [
+                {
+                    "queue": self.queue,
+                    "write_id": write_id,
+                    "event_type": event_type,
+                    "from_state": from_state,
+                    "to_state": to_state,
+                    "reason": bounded_text(reason, self.limits.max_diagnostic),
+                    "actor": actor,
+                    "fence": fence,
+                    "recorded_at": self._now(),
+                }
+            ],
         )
 
     # -- the operator (contract §2) --------------------------------------------------------------
