@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from admission.errors import WorkerLockedError
@@ -16,13 +18,21 @@ def write_json_atomically(path: str | os.PathLike[str], payload: object) -> None
     """Write JSON to ``path`` so that a reader sees the old file or the new one, never half:
     a temporary file in the same directory, fsync, rename, fsync of the directory."""
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, target)
+    # A name of its own (threads and processes may export at once), removed
+    # if anything fails before the rename.
+    descriptor, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        os.fchmod(descriptor, 0o644)  # as an ordinary new file, not mkstemp's 0600
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
     directory = os.open(target.parent, os.O_RDONLY)
     try:
         os.fsync(directory)

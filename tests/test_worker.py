@@ -25,6 +25,7 @@ from admission.errors import (
     TargetTimeoutError,
     WorkerLockedError,
 )
+from admission.localfs import write_json_atomically
 from admission.outbox import OUTBOX_EVENT, OutboxRelay, record_outbox
 from admission.schema import outbox_cursors, worker_events, worker_records
 from admission.service import AdmissionService
@@ -463,6 +464,12 @@ def test_status_is_json_and_exports_atomically(engine: Engine, target: SqliteTar
     exported = json.loads(path.read_text())
     assert exported == json.loads(json.dumps(worker.status()))
     assert exported["counts"]["confirmed"] == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    # An export that fails half-way leaves the previous file whole and no temporary behind.
+    before = path.read_bytes()
+    with pytest.raises(TypeError):
+        write_json_atomically(path, {"counts": {"confirmed": 3}, "broken": object()})
+    assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
