@@ -410,13 +410,18 @@ class JobStore:
         if not fresh:
             return
         wanted = {dep for job, _ in fresh.values() for dep in job.depends_on if dep not in fresh}
+        # FOR SHARE (PostgreSQL; SQLite's write lock already serialises): a
+        # dependency that finishes meanwhile waits for this commit, and then
+        # sees the new dependent it must unblock or fail; one that finished
+        # first is read as finished.  Sorted, so two enqueues lock in one order.
         known = _pairs(
             tx.conn.execute(
-                select(worker_jobs.c.job_id, worker_jobs.c.state).where(
-                    worker_jobs.c.job_id.in_(list(wanted))
-                )
+                select(worker_jobs.c.job_id, worker_jobs.c.state)
+                .where(worker_jobs.c.job_id.in_(sorted(wanted)))
+                .order_by(worker_jobs.c.job_id)
+                .with_for_update(read=True)
             )
-        )
+        ) if wanted else {}
         for job, _ in fresh.values():
             for dep in job.depends_on:
                 if dep not in fresh and dep not in known:

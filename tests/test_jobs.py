@@ -285,6 +285,43 @@ def test_claim_next_finds_a_waiting_job_behind_more_running_ones_than_it_scans(d
         store.dispose()
 
 
+def test_a_dependent_enqueued_while_its_dependency_completes_is_never_left_blocked(db_url: str) -> None:
+    import threading
+    import time
+
+    from sqlalchemy import event
+
+    finishing, enqueuing = open_jobs(db_url), open_jobs(db_url)
+    try:
+        finishing.enqueue(job("a"))
+        lease = finishing.claim("a").lease
+        assert lease is not None
+        finishing.record_result(lease, {"sum": 6})
+        threads: list[threading.Thread] = []
+
+        def meanwhile(_c: object, _cur: object, statement: str, *_rest: object) -> None:
+            # The completion has just looked for blocked dependents (none yet):
+            # now another process enqueues one, before the completion commits.
+            if threads or "worker_job_dependencies" not in statement or "blocked" not in str(_rest):
+                return
+            dependent = job("b", depends_on=("a",), scope="tenant-b")  # another scope: another lock
+            thread = threading.Thread(target=lambda: enqueuing.enqueue(dependent))
+            threads.append(thread)
+            thread.start()
+            time.sleep(0.5)  # time for the enqueue to finish, unless it waits for this commit
+
+        event.listen(finishing.engine, "after_cursor_execute", meanwhile)
+        finishing.complete(lease)
+        event.remove(finishing.engine, "after_cursor_execute", meanwhile)
+        [thread] = threads
+        thread.join(30)
+        assert finishing.status("a").state == "completed"
+        assert finishing.status("b").state == "queued"  # its dependency succeeded: claimable
+    finally:
+        finishing.dispose()
+        enqueuing.dispose()
+
+
 # -- pause, stop, cancel ----------------------------------------------------------------------------
 
 
