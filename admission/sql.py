@@ -1141,14 +1141,9 @@ class SqlStore:
                 "current_run_id": None,
                 "created_at": created_at,
             }
-            dialect_insert = postgresql.insert if self.postgres else sqlite.insert
             # Two first-time callers both get here; the loser of the insert
             # waits on the winner's uncommitted row and then locks it below.
-            conn.execute(
-                dialect_insert(workflow_instances)
-                .values(values)
-                .on_conflict_do_nothing(index_elements=["namespace", "workflow_id"])
-            )
+            insert_or_ignore(conn, workflow_instances, values, ["namespace", "workflow_id"])
             rows = self._lock_rows(dbapi, cursor, params)
         (row,) = rows
         return _SqlLocked(conn, cursor, row, self.postgres, self._raw)
