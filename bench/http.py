@@ -116,7 +116,7 @@ def server(url: str) -> Iterator[str]:
 
 
 class Subject:
-    """The four candidates on one database; ``tag`` keeps this run's workflow ids apart."""
+    """The five candidates on one database; ``tag`` keeps this run's workflow ids apart."""
 
     def __init__(self, url: str, base_url: str, tag: str) -> None:
         self.store = SqlStore.open(url)
@@ -192,8 +192,8 @@ def prepare(url: str) -> None:
 
 def bench(
     backend: str, url: str, tag: str, rounds: int, seconds: float
-) -> list[tuple[str, str, str, float, str]]:
-    """Rows (backend, measurement, candidate, median ops/s, ratio) for one backend."""
+) -> list[Row]:
+    """Rows (backend, measurement, candidate, median ops/s, ratio, µs added) for one backend."""
     prepare(url)
     with server(url) as base_url:
         subject = Subject(url, base_url, tag)
