@@ -183,8 +183,8 @@ class OutboxRelay:
             return "refused"
 
     def _advance(self, conn: Connection, event: EventRow) -> None:
-        # Compare-and-set from the cursor this pass started at: a second relay
-        # that already moved past the event makes this one stop, not repeat.
+        # Compare-and-set from the cursor as this transaction reads it: a second
+        # relay that already moved past the event makes this one stop, not repeat.
         current = read_cursor(conn, self.consumer)
         if (event.tx_id, event.position) <= (current.tx_id, current.position):
             raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")

@@ -22,6 +22,7 @@ from admission.errors import (
     QueueFullError,
     RecordStateError,
     ScopeMismatchError,
+    StorageError,
     TargetTimeoutError,
     WorkerLockedError,
 )
@@ -500,6 +501,34 @@ def test_an_outbox_entry_commits_with_its_admission_and_is_relayed_once(db_url: 
     ]  # type: ignore[union-attr]
     assert len(outbox) == 2
     store.dispose()
+
+
+def test_a_second_relay_that_moved_the_cursor_first_makes_this_one_stop_not_repeat(db_url: str) -> None:
+    store, other_store = SqlStore.open(db_url), SqlStore.open(db_url)
+    service = AdmissionService(store)
+    worker = DurableWorker(store.engine, SCOPE, file_lock=False)
+    relay = OutboxRelay(store, worker, target="crm")
+    rival = OutboxRelay(other_store, DurableWorker(other_store.engine, SCOPE, file_lock=False), target="crm")
+    service.start_run("ns", "wf-1")
+    with store.begin() as conn:
+        for key in ("lead-1", "lead-2"):
+            record_outbox(store, conn, "ns", "wf-1", target="crm", source_key=key, content=record(key))
+    read_events = store.read_events
+
+    def read_then_lose_the_race(after: object, limit: int) -> object:
+        events = read_events(after, limit)  # type: ignore[arg-type]
+        assert rival.pump().accepted == 2  # the other process relays them all first
+        return events
+
+    store.read_events = read_then_lose_the_race  # type: ignore[method-assign, assignment]
+    with pytest.raises(StorageError, match="moved by another process"):
+        relay.pump()
+    store.read_events = read_events  # type: ignore[method-assign]
+    # Each entry was accepted once, by the rival; this relay wrote nothing and now stands past them.
+    assert sorted(r["source_key"] for r in worker.status()["records"]) == ["lead-1", "lead-2"]  # type: ignore[union-attr]
+    assert relay.cursor() == rival.cursor() and relay.pump().read == 0
+    store.dispose()
+    other_store.dispose()
 
 
 def test_a_full_queue_stops_the_relay_without_moving_its_cursor(db_url: str) -> None:
