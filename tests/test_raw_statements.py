@@ -330,23 +330,25 @@ def test_write_connections_drop_their_prepared_statements_on_schedule_and_keep_a
     monkeypatch.setattr(admission.sql, "REPLAN_AFTER", (7,))
     store = SqlStore.open(db_url)
     try:
-        service, workflow, _ = _new_instance(store)  # one locked transaction so far
-        prepared: list[int] = []
+        service, workflow, _ = _new_instance(store)
+        # (connection, its count of locked transactions) -> statements prepared in it
+        prepared: dict[tuple[int, int], int] = {}
         for i in range(2, 30):
             with store.begin() as conn:
                 fresh = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}", connection=conn)
                 assert fresh.decision is Decision.FRESH
                 if store.postgres:
                     count = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
-                    prepared.append(int(count))
+                    key = (id(conn.connection.dbapi_connection), conn.connection.info[admission.sql._USES])
+                    prepared[key] = int(count)
             again = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
             assert again.decision is Decision.RETAINED and again.command_id == fresh.command_id
         if store.postgres:
-            # Locked transactions 7, 14, 21 and 28 started by dropping them all;
-            # in between, psycopg prepared the hot statements again.
-            for due in (7, 14, 21, 28):
-                assert prepared[due - 2] == 0
-            assert max(prepared) > 0
+            # The locked transactions that were due (7, 14, 21) started by dropping
+            # them all; in between, psycopg prepared the hot statements again.
+            due = [key for key in prepared if key[1] % 7 == 0]
+            assert len(due) >= 3 and all(prepared[key] == 0 for key in due)
+            assert max(prepared.values()) > 0
     finally:
         store.dispose()
 
