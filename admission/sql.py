@@ -201,12 +201,8 @@ def _bytes(value: object) -> bytes | None:
 
 
 def _command(row: Mapping[Any, Any]) -> CommandRow:
-    # Every field is set here, so the frozen dataclass's __init__ (one
-    # object.__setattr__ per field, 18 of them) can be skipped: on the retry
-    # path that __init__ costs about as much as the rest of the conversion.
-    command = object.__new__(CommandRow)
-    command.__dict__.update(_command_fields(row))
-    return command
+    """A command from a row of ``workflow_commands`` (or a join holding its columns by name)."""
+    return _command_of_columns([row[name] for name in _COMMAND_FIELDS])
 
 
 _COMMAND_FIELDS: Final = tuple(f.name for f in fields(CommandRow))
@@ -216,6 +212,9 @@ if tuple(c.name for c in workflow_commands.c) != _COMMAND_FIELDS:  # pragma: no 
 
 def _command_of_columns(values: Sequence[Any]) -> CommandRow:
     """A command from a driver row of ``workflow_commands``' columns in table order."""
+    # Every field is set here, so the frozen dataclass's __init__ (one
+    # object.__setattr__ per field, 18 of them) can be skipped: on the retry
+    # path that __init__ costs about as much as the rest of the conversion.
     by_field = dict(zip(_COMMAND_FIELDS, values, strict=True))
     by_field["context"] = _bytes(by_field["context"])
     by_field["arguments"] = _bytes(by_field["arguments"])
@@ -223,29 +222,6 @@ def _command_of_columns(values: Sequence[Any]) -> CommandRow:
     command = object.__new__(CommandRow)
     command.__dict__.update(by_field)
     return command
-
-
-def _command_fields(row: Mapping[Any, Any]) -> dict[str, Any]:
-    return dict(
-        id=row["id"],
-        instance_id=row["instance_id"],
-        run_id=row["run_id"],
-        command_sequence=row["command_sequence"],
-        command_type=row["command_type"],
-        name=row["name"],
-        target_scope=row["target_scope"],
-        requested_run_id=row["requested_run_id"],
-        request_id=row["request_id"],
-        context=_bytes(row["context"]),
-        arguments=_bytes(row["arguments"]),
-        status=row["status"],
-        outcome=row["outcome"],
-        rejection_reason=row["rejection_reason"],
-        created_at=as_utc(row["created_at"]),
-        intent_digest=row["intent_digest"],
-        arguments_digest=row["arguments_digest"],
-        intent_encoding=row["intent_encoding"],
-    )
 
 
 def _update(row: Mapping[Any, Any]) -> UpdateRow:
@@ -818,7 +794,6 @@ class BulkInsert:
             ) from exc.orig
 
 
-_COMMAND_KEYS: Final = tuple(c.name for c in workflow_commands.c)
 _EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
 
 
@@ -832,7 +807,7 @@ class _Statements:
         self.commands_by_key = _Raw(_COMMANDS_BY_KEY, dialect)
         self.receipts = _Raw(_RECEIPTS, dialect)
         self.signal_receipts = _Raw(_SIGNAL_RECEIPTS, dialect)
-        self.insert_keyed_command = _Raw(_INSERT_KEYED_COMMAND[name], dialect, _COMMAND_KEYS)
+        self.insert_keyed_command = _Raw(_INSERT_KEYED_COMMAND[name], dialect, _COMMAND_FIELDS)
         self.insert_event = _Raw(_INSERT_EVENT[name], dialect, _EVENT_KEYS)
 
 
