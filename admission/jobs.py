@@ -8,7 +8,7 @@ makes it.
 **Fencing** (contract §3).  A claim sets ``fence = fence + 1`` on the job row
 and hands the new value to the owner in its :class:`Lease`.  Every write of
 the owner (``heartbeat``, ``checkpoint``, ``record_result``, ``complete``,
-``fail``, ``recover``, ``cancel_running``) is one conditional
+``fail``, ``recover``, ``cancel_running``) starts with one conditional
 ``UPDATE worker_jobs ... WHERE job_id = :id AND fence = :fence AND state =
 'running'`` inside a write transaction: the UPDATE takes the row lock
 (PostgreSQL) or runs under ``BEGIN IMMEDIATE`` (SQLite), so a reclaim cannot

@@ -333,8 +333,7 @@ _COMMANDS_BY_KEY = _by_key(
         workflow_commands.c.request_id == _b(value),
     )
 )
-# The unlocked receipt read of a retry.  Signals have no update rows, so their
-# read does not join workflow_updates.
+# The unlocked receipt read of a retry, with the command's update (if any).
 _RECEIPTS = _by_key(
     lambda value: select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
     .select_from(
@@ -349,6 +348,7 @@ _RECEIPTS = _by_key(
         workflow_commands.c.request_id == _b(value),
     )
 )
+# Signals have no update rows, so their read does not join workflow_updates.
 _SIGNAL_RECEIPTS = _by_key(
     lambda value: select(workflow_commands)
     .select_from(
