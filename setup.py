@@ -1,4 +1,4 @@
-"""Build the optional C accelerator ``admission._speedups``.
+"""Build the optional C accelerator ``admission.intent._speedups``.
 
 Everything else about the package is declared in pyproject.toml.  The
 extension is ``optional``: where it cannot be compiled (no compiler, no Python
@@ -11,8 +11,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "admission._speedups",
-            sources=["admission/_speedups.c"],
+            "admission.intent._speedups",
+            sources=["admission/intent/_speedups.c"],
             optional=True,
         )
     ],

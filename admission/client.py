@@ -40,10 +40,10 @@ from urllib.parse import quote
 
 import httpx
 
-from admission.codecs import CborCodec, Codec, envelope
-from admission.encoding import Value
 from admission.errors import AdmissionError, InvalidValueError
-from admission.keys import normalize_request_id, validate_request_id
+from admission.http._codecs import CborCodec, Codec, envelope
+from admission.intent._encoding import Value
+from admission.intent._keys import normalize_request_id, validate_request_id
 
 __all__ = [
     "AdmissionClient",

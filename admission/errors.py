@@ -5,6 +5,32 @@ retained, conflict, ambiguous) are returned values, never raised.  Every
 exception has a stable ``code``, carries its data as attributes and pickles
 with them, so it can cross a process boundary unchanged.
 
+The tree has one intermediate base per kind of failure, so a caller can
+catch a kind without naming every subsystem's error::
+
+    AdmissionError
+    ├── InputError             refused input; nothing was written (``field`` names it)
+    │   ├── InvalidValueError ── CodecError
+    │   ├── InvalidRequestIdError, ReservedRequestIdError, InvalidCommandTypeError
+    │   ├── InvalidRecordError, ScopeMismatchError          (the durable worker)
+    │   └── InvalidJobError                                 (durable jobs)
+    ├── StateError             the operation does not fit the current state
+    │   ├── RunStateError, RecordStateError, JobStateError
+    │   └── QueueFullError ── JobQueueFullError             (past a bound: a refusal, never a drop)
+    ├── UnknownError           no such update, command or job (a ``LookupError``)
+    ├── OwnershipError         another owner holds it, or this owner was fenced out
+    │   ├── WorkerLockedError, LeaseHeldError
+    │   └── FencedError ── JobFencedError
+    ├── StorageError           the database failed or refused (retryable)
+    ├── SchemaRevisionError    the database is not at the revision this version reads
+    ├── TargetError            raised by a worker target adapter
+    │   └── BeforeWriteError, TargetTimeoutError
+    └── RetryableJobError      raised by a job step: the failure is transient
+
+The HTTP client adds its own ``ClientError`` subtree in ``admission.client``:
+its errors carry the client's ``Receipt``, and the client stays importable on
+its own.
+
 This module imports nothing else from admission.
 """
 
@@ -15,7 +41,9 @@ from typing import ClassVar
 __all__ = [
     "AdmissionError",
     "BeforeWriteError",
+    "CodecError",
     "FencedError",
+    "InputError",
     "InvalidCommandTypeError",
     "InvalidJobError",
     "InvalidRecordError",
@@ -25,6 +53,7 @@ __all__ = [
     "JobQueueFullError",
     "JobStateError",
     "LeaseHeldError",
+    "OwnershipError",
     "QueueFullError",
     "RecordStateError",
     "ReservedRequestIdError",
@@ -32,9 +61,12 @@ __all__ = [
     "RunStateError",
     "SchemaRevisionError",
     "ScopeMismatchError",
+    "StateError",
     "StorageError",
+    "TargetError",
     "TargetTimeoutError",
     "UnknownCommandError",
+    "UnknownError",
     "UnknownJobError",
     "UnknownUpdateError",
     "WorkerLockedError",
@@ -68,7 +100,23 @@ class AdmissionError(Exception):
         return (_restore, (type(self), self.message, state))
 
 
-class InvalidValueError(AdmissionError, ValueError):
+# -- input: refused before anything is written ----------------------------------------------------
+
+
+class InputError(AdmissionError, ValueError):
+    """Input was refused before anything was written; ``field`` names the input.
+
+    Resending the same input cannot succeed.
+    """
+
+    code: ClassVar[str] = "input_invalid"
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class InvalidValueError(InputError):
     """A value cannot be canonically encoded, or bytes are not canonical.
 
     ``field`` names the input that was refused (``"arguments"``, ``"name"``,
@@ -90,76 +138,188 @@ class InvalidValueError(AdmissionError, ValueError):
         where = f"{field} at {path}" if path else field
         if offset is not None:
             where += f" (byte {offset})"
-        super().__init__(f"{where}: {reason}")
+        super().__init__(f"{where}: {reason}", field=field)
         self.reason = reason
-        self.field = field
         self.path = path
         self.offset = offset
 
 
-class InvalidRequestIdError(AdmissionError, ValueError):
+class CodecError(InvalidValueError):
+    """An envelope or its blob was refused: unknown codec, bad base64, not
+    canonical, not authentic.  ``codec`` names the codec (``None`` when the
+    envelope itself is malformed); ``field`` is ``"input"``."""
+
+    code: ClassVar[str] = "input_invalid"
+
+    def __init__(self, reason: str, *, codec: str | None, path: str = "") -> None:
+        super().__init__(reason, field="input", path=path)
+        self.codec = codec
+
+
+class InvalidRequestIdError(InputError):
     """A command key is not a string of 1..255 valid Unicode code points (contract §2.3)."""
 
     code: ClassVar[str] = "request_id_invalid"
 
     def __init__(self, reason: str, *, request_id: object = None) -> None:
-        super().__init__(f"request_id: {reason}")
+        super().__init__(f"request_id: {reason}", field="request_id")
         self.reason = reason
-        self.field = "request_id"
         self.request_id = request_id
 
 
-class ReservedRequestIdError(AdmissionError, ValueError):
+class ReservedRequestIdError(InputError):
     """A caller's signal used the engine-reserved ``workflow-signal:`` prefix (contract §2.4)."""
 
     code: ClassVar[str] = "request_id_reserved"
 
     def __init__(self, reason: str, *, request_id: str) -> None:
-        super().__init__(f"request_id: {reason}")
+        super().__init__(f"request_id: {reason}", field="request_id")
         self.reason = reason
-        self.field = "request_id"
         self.request_id = request_id
 
 
-class InvalidCommandTypeError(AdmissionError, ValueError):
+class InvalidCommandTypeError(InputError):
     """A command type other than ``"signal"`` or ``"update"`` was given."""
 
     code: ClassVar[str] = "command_type_invalid"
 
     def __init__(self, command_type: object) -> None:
-        super().__init__(f"command_type: must be 'signal' or 'update', got {command_type!r}")
-        self.field = "command_type"
+        super().__init__(
+            f"command_type: must be 'signal' or 'update', got {command_type!r}", field="command_type"
+        )
         self.command_type = command_type
 
 
-class SchemaRevisionError(AdmissionError, RuntimeError):
-    """The database schema is not the revision this version reads (contract §6).
+class InvalidRecordError(InputError):
+    """A record, scope or snapshot given to the worker is malformed (worker contract §1).
 
-    Nothing upgrades at start-up; the message names ``admission db upgrade``
-    when an upgrade is the way forward.  ``revision`` is what the database has.
+    ``field`` names the refused input (``"tenant"``, ``"source_key"``,
+    ``"payload"``, ``"scope"``...), ``reason`` says why.  Nothing is written.
     """
 
-    code: ClassVar[str] = "schema_revision_unsupported"
+    code: ClassVar[str] = "record_invalid"
 
-    def __init__(self, message: str, *, revision: str | None) -> None:
+    def __init__(self, reason: str, *, field: str) -> None:
+        super().__init__(f"{field}: {reason}", field=field)
+        self.reason = reason
+
+
+class ScopeMismatchError(InputError):
+    """A record outside the worker's scope, or a queue opened with another scope
+    than the one pinned in the database (worker contract §1).  ``field`` names
+    the first field that differs."""
+
+    code: ClassVar[str] = "scope_mismatch"
+
+    def __init__(self, message: str, *, field: str, queue: str) -> None:
+        super().__init__(message, field=field)
+        self.queue = queue
+
+
+class InvalidJobError(InputError):
+    """A job, or an argument of a job operation, is refused before anything is written.
+
+    ``field`` names the refused input (``"job_id"``, ``"depends_on"``,
+    ``"diagnostic"``, ...), ``reason`` says why, ``job_id`` is the job concerned.
+    """
+
+    code: ClassVar[str] = "job_invalid"
+
+    def __init__(self, reason: str, *, field: str, job_id: str | None = None) -> None:
+        super().__init__(f"{field}: {reason}", field=field)
+        self.reason = reason
+        self.job_id = job_id
+
+
+# -- state: the operation does not fit what is stored ---------------------------------------------
+
+
+class StateError(AdmissionError, RuntimeError):
+    """An operation does not fit the current state of what it acts on.
+
+    ``state`` is that state as stored (``None`` when unknown).  Every state
+    machine refuses a transition it does not hold with a subclass of this
+    (the one rule of ``admission._table.StateTable.next_state``).
+    """
+
+    code: ClassVar[str] = "state"
+
+    def __init__(self, message: str, *, state: str | None) -> None:
         super().__init__(message)
-        self.revision = revision
+        self.state = state
 
 
-class RunStateError(AdmissionError, RuntimeError):
+class RunStateError(StateError):
     """A run-lifecycle call does not fit the run's state (starting an open
     instance again, closing a run that is not open, completing a finished
     update differently).  ``reason`` is a stable word; ``run_id`` the run."""
 
     code: ClassVar[str] = "run_state"
 
-    def __init__(self, message: str, *, reason: str, run_id: str | None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, reason: str, run_id: str | None, state: str | None = None) -> None:
+        super().__init__(message, state=state)
         self.reason = reason
         self.run_id = run_id
 
 
-class UnknownUpdateError(AdmissionError, LookupError):
+class RecordStateError(StateError):
+    """An operation does not fit the record's state (resolving a record that is
+    not ``uncertain``, observing one that is not confirmed), or the record is
+    unknown.  ``state`` is the record's state, ``None`` for an unknown record."""
+
+    code: ClassVar[str] = "record_state"
+
+    def __init__(self, message: str, *, write_id: str | None, state: str | None) -> None:
+        super().__init__(message, state=state)
+        self.write_id = write_id
+
+
+class JobStateError(StateError):
+    """An event does not apply to the job's state (the job transition table has no such row)."""
+
+    code: ClassVar[str] = "job_state"
+
+    def __init__(self, message: str, *, job_id: str, state: str, event: str) -> None:
+        super().__init__(message, state=state)
+        self.job_id = job_id
+        self.event = event
+
+
+class QueueFullError(StateError):
+    """A queue already holds ``limit`` waiting items; nothing was accepted
+    (worker contract §1: past a bound a refusal, never a silent drop).
+    ``queue`` names the queue, ``waiting`` is how many it holds when known."""
+
+    code: ClassVar[str] = "queue_full"
+
+    def __init__(self, message: str, *, queue: str, limit: int, waiting: int | None = None) -> None:
+        super().__init__(message, state=None)
+        self.queue = queue
+        self.limit = limit
+        self.waiting = waiting
+
+
+class JobQueueFullError(QueueFullError):
+    """A job scope already holds its bound of unfinished jobs (worker contract §1, §4): nothing
+    was written.  A job scope is its queue: ``scope`` and ``queue`` are the same name."""
+
+    code: ClassVar[str] = "job_queue_full"
+
+    def __init__(self, message: str, *, scope: str, waiting: int, limit: int) -> None:
+        super().__init__(message, queue=scope, limit=limit, waiting=waiting)
+        self.scope = scope
+
+
+# -- unknown: nothing of that name exists -----------------------------------------------------------
+
+
+class UnknownError(AdmissionError, LookupError):
+    """Nothing with the given id exists where it was looked for."""
+
+    code: ClassVar[str] = "unknown"
+
+
+class UnknownUpdateError(UnknownError):
     """No update with this id exists in this instance."""
 
     code: ClassVar[str] = "update_unknown"
@@ -167,6 +327,93 @@ class UnknownUpdateError(AdmissionError, LookupError):
     def __init__(self, message: str, *, update_id: str) -> None:
         super().__init__(message)
         self.update_id = update_id
+
+
+class UnknownCommandError(UnknownError):
+    """No admitted command of the expected kind with this id exists in this instance."""
+
+    code: ClassVar[str] = "command_unknown"
+
+    def __init__(self, message: str, *, command_id: str) -> None:
+        super().__init__(message)
+        self.command_id = command_id
+
+
+class UnknownJobError(UnknownError):
+    """No job with this id exists."""
+
+    code: ClassVar[str] = "job_unknown"
+
+    def __init__(self, message: str, *, job_id: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+# -- ownership: exclusive owners and fencing (worker contract §3) -----------------------------------
+
+
+class OwnershipError(AdmissionError, RuntimeError):
+    """Another owner holds what this one asked to own, or this owner was fenced out."""
+
+    code: ClassVar[str] = "ownership"
+
+
+class WorkerLockedError(OwnershipError):
+    """Another local worker holds the queue's file lock (worker contract §3)."""
+
+    code: ClassVar[str] = "worker_locked"
+
+    def __init__(self, message: str, *, lock_path: str) -> None:
+        super().__init__(message)
+        self.lock_path = lock_path
+
+
+class LeaseHeldError(OwnershipError):
+    """The queue's lease is held by a live owner, as far as this claimant's
+    monotonic clock can tell (worker contract §3).  ``holder`` names it."""
+
+    code: ClassVar[str] = "lease_held"
+
+    def __init__(self, message: str, *, queue: str, holder: str | None, token: int) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.holder = holder
+        self.token = token
+
+
+class FencedError(OwnershipError):
+    """The database refused a write carrying a fencing token that is no longer current:
+    this owner's lease was taken over (worker contract §3).  ``token`` is the
+    refused writer's token; ``queue`` the worker queue it wrote to, if any."""
+
+    code: ClassVar[str] = "fenced"
+
+    def __init__(self, message: str, *, token: int, queue: str | None = None) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.token = token
+
+
+class JobFencedError(FencedError):
+    """The database refused a job write: the writer's fencing token is not the job's (worker contract §3).
+
+    The lease was reclaimed by a newer owner (``current_fence`` > ``fence``),
+    or the job left ``running``.  The writer must stop: it no longer owns the job.
+    """
+
+    code: ClassVar[str] = "job_fenced"
+
+    def __init__(
+        self, message: str, *, job_id: str, fence: int, current_fence: int | None, state: str | None
+    ) -> None:
+        super().__init__(message, token=fence)
+        self.job_id = job_id
+        self.fence = fence
+        self.current_fence = current_fence
+        self.state = state
+
+
+# -- infrastructure -----------------------------------------------------------------------------------
 
 
 class StorageError(AdmissionError, RuntimeError):
@@ -183,193 +430,37 @@ class StorageError(AdmissionError, RuntimeError):
         self.constraint = constraint
 
 
-class UnknownCommandError(AdmissionError, LookupError):
-    """No admitted command of the expected kind with this id exists in this instance."""
+class SchemaRevisionError(AdmissionError, RuntimeError):
+    """The database schema is not the revision this version reads (contract §6).
 
-    code: ClassVar[str] = "command_unknown"
-
-    def __init__(self, message: str, *, command_id: str) -> None:
-        super().__init__(message)
-        self.command_id = command_id
-
-
-# -- the durable worker (worker contract) -------------------------------------------------
-
-
-class InvalidRecordError(AdmissionError, ValueError):
-    """A record, scope or snapshot given to the worker is malformed (worker contract §1).
-
-    ``field`` names the refused input (``"tenant"``, ``"source_key"``,
-    ``"payload"``, ``"scope"``...), ``reason`` says why.  Nothing is written.
+    Nothing upgrades at start-up; the message names ``admission db upgrade``
+    when an upgrade is the way forward.  ``revision`` is what the database has.
     """
 
-    code: ClassVar[str] = "record_invalid"
+    code: ClassVar[str] = "schema_revision_unsupported"
 
-    def __init__(self, reason: str, *, field: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.reason = reason
-        self.field = field
-
-
-class ScopeMismatchError(AdmissionError, ValueError):
-    """A record outside the worker's scope, or a queue opened with another scope
-    than the one pinned in the database (worker contract §1).  ``field`` names
-    the first field that differs."""
-
-    code: ClassVar[str] = "scope_mismatch"
-
-    def __init__(self, message: str, *, field: str, queue: str) -> None:
+    def __init__(self, message: str, *, revision: str | None) -> None:
         super().__init__(message)
-        self.field = field
-        self.queue = queue
+        self.revision = revision
 
 
-class QueueFullError(AdmissionError, RuntimeError):
-    """The queue already holds ``limit`` waiting records; the record was not accepted
-    (worker contract §1: past a bound a refusal, never a silent drop)."""
+class TargetError(AdmissionError):
+    """Raised by a worker target adapter about one write (worker contract §2)."""
 
-    code: ClassVar[str] = "queue_full"
-
-    def __init__(self, message: str, *, queue: str, limit: int) -> None:
-        super().__init__(message)
-        self.queue = queue
-        self.limit = limit
+    code: ClassVar[str] = "target"
 
 
-class RecordStateError(AdmissionError, RuntimeError):
-    """An operation does not fit the record's state (resolving a record that is
-    not ``uncertain``, observing one that is not confirmed), or the record is
-    unknown.  ``state`` is the record's state, ``None`` for an unknown record."""
-
-    code: ClassVar[str] = "record_state"
-
-    def __init__(self, message: str, *, write_id: str | None, state: str | None) -> None:
-        super().__init__(message)
-        self.write_id = write_id
-        self.state = state
-
-
-class WorkerLockedError(AdmissionError, RuntimeError):
-    """Another local worker holds the queue's file lock (worker contract §3)."""
-
-    code: ClassVar[str] = "worker_locked"
-
-    def __init__(self, message: str, *, lock_path: str) -> None:
-        super().__init__(message)
-        self.lock_path = lock_path
-
-
-class LeaseHeldError(AdmissionError, RuntimeError):
-    """The queue's lease is held by a live owner, as far as this claimant's
-    monotonic clock can tell (worker contract §3).  ``holder`` names it."""
-
-    code: ClassVar[str] = "lease_held"
-
-    def __init__(self, message: str, *, queue: str, holder: str | None, token: int) -> None:
-        super().__init__(message)
-        self.queue = queue
-        self.holder = holder
-        self.token = token
-
-
-class FencedError(AdmissionError, RuntimeError):
-    """The database refused a write carrying a fencing token that is no longer the
-    queue's current one: this worker's lease was taken over (worker contract §3)."""
-
-    code: ClassVar[str] = "fenced"
-
-    def __init__(self, message: str, *, queue: str, token: int) -> None:
-        super().__init__(message)
-        self.queue = queue
-        self.token = token
-
-
-class BeforeWriteError(AdmissionError, RuntimeError):
+class BeforeWriteError(TargetError, RuntimeError):
     """Raised by a target adapter only when the request provably was never
     dispatched; the one error that permits another send (worker contract §2)."""
 
     code: ClassVar[str] = "before_write"
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
-
-class TargetTimeoutError(AdmissionError, TimeoutError):
+class TargetTimeoutError(TargetError, TimeoutError):
     """A target did not answer in time; the write may or may not have landed."""
 
     code: ClassVar[str] = "target_timeout"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-class InvalidJobError(AdmissionError, ValueError):
-    """A job, or an argument of a job operation, is refused before anything is written.
-
-    ``field`` names the refused input (``"job_id"``, ``"depends_on"``,
-    ``"diagnostic"``, ...), ``reason`` says why, ``job_id`` is the job concerned.
-    """
-
-    code: ClassVar[str] = "job_invalid"
-
-    def __init__(self, reason: str, *, field: str, job_id: str | None = None) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.reason = reason
-        self.field = field
-        self.job_id = job_id
-
-
-class JobQueueFullError(AdmissionError, RuntimeError):
-    """A scope already holds its bound of waiting jobs (worker contract §1, §4): nothing was written."""
-
-    code: ClassVar[str] = "job_queue_full"
-
-    def __init__(self, message: str, *, scope: str, waiting: int, limit: int) -> None:
-        super().__init__(message)
-        self.scope = scope
-        self.waiting = waiting
-        self.limit = limit
-
-
-class JobStateError(AdmissionError, RuntimeError):
-    """An event does not apply to the job's state (the job transition table has no such row)."""
-
-    code: ClassVar[str] = "job_state"
-
-    def __init__(self, message: str, *, job_id: str, state: str, event: str) -> None:
-        super().__init__(message)
-        self.job_id = job_id
-        self.state = state
-        self.event = event
-
-
-class JobFencedError(FencedError):
-    """The database refused a job write: the writer's fencing token is not the job's (worker contract §3).
-
-    The lease was reclaimed by a newer owner (``current_fence`` > ``fence``),
-    or the job left ``running``.  The writer must stop: it no longer owns the job.
-    """
-
-    code: ClassVar[str] = "job_fenced"
-
-    def __init__(
-        self, message: str, *, job_id: str, fence: int, current_fence: int | None, state: str | None
-    ) -> None:
-        # A job's fence lives on its own row, not on a queue's lease: skip
-        # FencedError's queue/token signature, keep its place in the tree.
-        AdmissionError.__init__(self, message)
-        self.job_id = job_id
-        self.fence = fence
-        self.current_fence = current_fence
-        self.state = state
-
-
-class UnknownJobError(AdmissionError, LookupError):
-    """No job with this id exists."""
-
-    code: ClassVar[str] = "job_unknown"
-
-    def __init__(self, message: str, *, job_id: str) -> None:
-        super().__init__(message)
-        self.job_id = job_id
 
 
 class RetryableJobError(AdmissionError, RuntimeError):

@@ -69,12 +69,19 @@ from sqlalchemy import Column, Index, MetaData, Table, UniqueConstraint  # noqa:
 from sqlalchemy.engine import make_url  # noqa: E402
 
 import admission  # noqa: E402
-import admission.sql  # noqa: E402
-from admission.migrate import upgrade  # noqa: E402
-from admission.outcomes import Decision  # noqa: E402
-from admission.schema import workflow_commands, workflow_history_events  # noqa: E402
-from admission.service import AdmissionService  # noqa: E402
-from admission.sql import SqlStore, create_admission_engine, normalize_url  # noqa: E402
+import admission.sql._receipts  # noqa: E402
+from admission.receipts import (  # noqa: E402
+    AdmissionService,
+    Decision,
+)
+from admission.sql import (  # noqa: E402
+    SqlStore,
+    create_admission_engine,
+    normalize_url,
+    upgrade,
+    workflow_commands,
+    workflow_history_events,
+)
 
 NAMESPACE = "bench"
 SIGNAL = "payment_received"
@@ -421,7 +428,7 @@ def wal_bytes(subject: Subject, fn: Callable[[], None], calls: int = 50) -> floa
 def count_statements(subject: Subject, fn: Callable[[], None], calls: int = 20) -> float:
     """SQL statements sent per call, through admission's engine or on the driver (BEGIN/COMMIT not counted).
 
-    The hot path runs its statements on the DBAPI cursor (``admission.sql._Raw``),
+    The hot path runs its statements on the DBAPI cursor (``admission.sql._receipts._Raw``),
     which the engine's events do not see, so those are counted at that class.
     """
     seen = 0
@@ -431,7 +438,7 @@ def count_statements(subject: Subject, fn: Callable[[], None], calls: int = 20) 
         if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT")):
             seen += 1
 
-    raw = admission.sql._Raw
+    raw = admission.sql._receipts._Raw
     originals = {"parameters": raw.parameters}  # called once per execution
 
     def counted(original: Callable[..., Any]) -> Callable[..., Any]:

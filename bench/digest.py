@@ -40,7 +40,7 @@ sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
 import admission  # noqa: E402
-from admission import encoding  # noqa: E402
+from admission.intent import _encoding as encoding  # noqa: E402
 
 
 def payload(items: int, seed: int = 7) -> dict[str, object]:

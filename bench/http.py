@@ -56,10 +56,14 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 
 import admission  # noqa: E402
-from admission.codecs import JsonCodec, envelope  # noqa: E402
-from admission.migrate import upgrade  # noqa: E402
-from admission.service import AdmissionService  # noqa: E402
-from admission.sql import SqlStore, create_admission_engine, normalize_url  # noqa: E402
+from admission.http import JsonCodec, envelope  # noqa: E402
+from admission.receipts import AdmissionService  # noqa: E402
+from admission.sql import (  # noqa: E402
+    SqlStore,
+    create_admission_engine,
+    normalize_url,
+    upgrade,
+)
 
 NAMESPACE = "bench"
 SIGNAL = "payment_received"

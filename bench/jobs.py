@@ -42,12 +42,19 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from admission.encoding import Value, canonical_encode  # noqa: E402
-from admission.job_runner import Continue, Finish, JobRunner  # noqa: E402
-from admission.job_target import LocalPublisher  # noqa: E402
-from admission.jobs import Job, JobStore  # noqa: E402
-from admission.migrate import upgrade  # noqa: E402
-from admission.sql import create_admission_engine  # noqa: E402
+from admission.intent import Value, canonical_encode  # noqa: E402
+from admission.jobs import (  # noqa: E402
+    Continue,
+    Finish,
+    Job,
+    JobRunner,
+    JobStore,
+    LocalPublisher,
+)
+from admission.sql import (  # noqa: E402
+    create_admission_engine,
+    upgrade,
+)
 
 RESULT = canonical_encode({"sum": 6})
 

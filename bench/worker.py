@@ -40,11 +40,12 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _HERE]
 sys.path.insert(0, str(_HERE.parent))
 
-from admission.encoding import canonical_encode  # noqa: E402
-from admission.migrate import upgrade  # noqa: E402
-from admission.sql import create_admission_engine  # noqa: E402
-from admission.targets import SqliteTarget, TargetRecord  # noqa: E402
-from admission.worker import DurableWorker, Scope, WorkerLimits  # noqa: E402
+from admission.intent import canonical_encode  # noqa: E402
+from admission.sql import (  # noqa: E402
+    create_admission_engine,
+    upgrade,
+)
+from admission.worker import DurableWorker, Scope, SqliteTarget, TargetRecord, WorkerLimits  # noqa: E402
 
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
 

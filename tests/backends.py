@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from admission.migrate import upgrade
-from admission.sql import SqlStore, create_admission_engine
+from admission.sql import SqlStore, create_admission_engine, upgrade
 from tests.pgserver import PostgresServer
 
 SWITCH = os.environ.get("ADMISSION_TEST_BACKEND", "all")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from admission.store import MemoryStore, Store
+from admission.receipts import MemoryStore, Store
 from tests.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
 
 # "ci" runs more examples than a developer's default run, derandomised so a

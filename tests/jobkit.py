@@ -9,16 +9,15 @@ from pathlib import Path
 
 from sqlalchemy import Engine, func, select
 
-from admission.encoding import Value
-from admission.job_runner import Continue, Finish
-from admission.jobs import JobStore
-from admission.schema import (
+from admission.intent import Value
+from admission.jobs import Continue, Finish, JobStore
+from admission.sql import (
+    create_admission_engine,
     worker_job_attempts,
     worker_job_checkpoints,
     worker_job_events,
     worker_jobs,
 )
-from admission.sql import create_admission_engine
 
 LEASE = 10.0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import admission
 
 PACKAGE = Path(admission.__file__).parent
-PURE_MODULES = ["errors", "keys", "encoding", "writes", "intake"]
+PURE_MODULES = ["errors", "intent/_keys", "intent/_encoding", "worker/_states", "worker/_intake"]
 
 
 def test_public_api_is_pinned() -> None:
@@ -18,13 +18,44 @@ def test_public_api_is_pinned() -> None:
             "DEFAULT_MAX_SIZE",
             "INTENT_VERSION",
             "MAX_DEPTH",
+            "Admission",
             "AdmissionError",
+            "AdmissionService",
+            "BeforeWriteError",
+            "CodecError",
+            "Decision",
             "EncodedIntent",
+            "FencedError",
+            "InputError",
             "InvalidCommandTypeError",
+            "InvalidJobError",
+            "InvalidRecordError",
             "InvalidRequestIdError",
             "InvalidValueError",
+            "JobFencedError",
+            "JobQueueFullError",
+            "JobStateError",
+            "LeaseHeldError",
+            "MemoryStore",
+            "OwnershipError",
+            "QueueFullError",
+            "RecordStateError",
             "ReservedRequestIdError",
+            "RetryableJobError",
+            "RunStateError",
+            "SchemaRevisionError",
+            "ScopeMismatchError",
+            "SqlStore",
+            "StateError",
+            "StorageError",
+            "TargetError",
+            "TargetTimeoutError",
+            "UnknownCommandError",
+            "UnknownError",
+            "UnknownJobError",
+            "UnknownUpdateError",
             "Value",
+            "WorkerLockedError",
             "__version__",
             "arguments_digest",
             "canonical_decode",

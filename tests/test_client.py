@@ -35,10 +35,9 @@ from admission.client import (
     UpdateFailed,
     generate_request_id,
 )
-from admission.codecs import JsonCodec, decode_envelope, default_codecs
 from admission.errors import InvalidValueError
-from admission.service import AdmissionService
-from admission.store import MemoryStore
+from admission.http import JsonCodec, decode_envelope, default_codecs
+from admission.receipts import AdmissionService, MemoryStore
 
 KEY_SHAPE = re.compile(r"sdk-python-(signal|update)-[0-9a-f]{32}\Z")
 ROUTE = re.compile(

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission.codecs import (
+from admission.errors import CodecError, InvalidValueError
+from admission.http import (
     AesGcmCodec,
     CborCodec,
     Codec,
-    CodecError,
     CodecRegistry,
     JsonCodec,
     codecs_from,
@@ -24,8 +24,7 @@ from admission.codecs import (
     parse_json_value,
     render_json_value,
 )
-from admission.encoding import canonical_encode, intent_digest
-from admission.errors import InvalidValueError
+from admission.intent import canonical_encode, intent_digest
 from tests.strategies import ARGUMENTS, FLOATS, INT64, KEYS, TEXT, VALUES, same
 
 KEY = bytes(range(32))
@@ -262,7 +261,7 @@ def test_codec_errors_pickle_with_their_data() -> None:
 
 def test_the_codecs_module_does_not_need_cryptography_until_aes_gcm_is_used() -> None:
     code = (
-        "import sys; import admission, admission.codecs as c; c.JsonCodec().decode('[1]');"
+        "import sys; import admission, admission.http._codecs as c; c.JsonCodec().decode('[1]');"
         "print(*(m in sys.modules for m in ('cryptography', 'sqlalchemy', 'fastapi', 'httpx')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -273,4 +272,4 @@ def test_the_codecs_module_is_pure() -> None:
     from tests.test_api import imported_modules
 
     banned = {"sqlalchemy", "alembic", "os", "time", "random", "fastapi", "starlette", "httpx"}
-    assert not {n for n in imported_modules("codecs") if n.split(".")[0] in banned}
+    assert not {n for n in imported_modules("http/_codecs") if n.split(".")[0] in banned}

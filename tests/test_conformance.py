@@ -53,9 +53,15 @@ from hypothesis.stateful import (
 
 from admission import canonical_decode, canonical_encode
 from admission.errors import RunStateError, UnknownCommandError, UnknownUpdateError
-from admission.outcomes import Admission, Decision
-from admission.service import AdmissionService, HistoryEvent, RunInfo
-from admission.store import MemoryStore, Store
+from admission.receipts import (
+    Admission,
+    AdmissionService,
+    Decision,
+    HistoryEvent,
+    MemoryStore,
+    RunInfo,
+    Store,
+)
 from tests.conftest import SUMMARY_LINES
 
 # Pruning is being added in parallel: the rule joins the machine once it exists.

@@ -23,10 +23,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, select
 
-from admission.schema import workflow_history_events
-from admission.service import AdmissionService
-from admission.sql import SqlStore, normalize_url
-from admission.store import EventCursor, EventRow
+from admission.receipts import AdmissionService, EventCursor, EventRow
+from admission.sql import SqlStore, normalize_url, workflow_history_events
 from tests.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")

@@ -31,11 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select, update
 
-from admission.codecs import AesGcmCodec, CborCodec, JsonCodec, codecs_from, envelope
-from admission.http import create_app
-from admission.schema import workflow_commands
-from admission.service import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
+from admission.http import AesGcmCodec, CborCodec, JsonCodec, codecs_from, create_app, envelope
+from admission.receipts import AdmissionService
+from admission.sql import SqlStore, create_admission_engine, workflow_commands
 from tests.backends import sqlite_url
 from tests.snapshot import diff_snapshots, snapshot
 from tests.strategies import ARGUMENTS, same

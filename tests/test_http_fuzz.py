@@ -18,11 +18,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from admission.codecs import AesGcmCodec, CborCodec, JsonCodec, codecs_from
-from admission.http import create_app
-from admission.service import AdmissionService
+from admission.http import AesGcmCodec, CborCodec, JsonCodec, codecs_from, create_app
+from admission.receipts import AdmissionService, MemoryStore
 from admission.sql import SqlStore
-from admission.store import MemoryStore
 from tests.backends import sqlite_url
 
 MAX_EXAMPLES = 60

@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from admission.errors import InvalidRecordError, ScopeMismatchError
-from admission.intake import RESERVED_FIELDS, Scope, bounded_text, validate_record
+from admission.worker._intake import RESERVED_FIELDS, Scope, bounded_text, validate_record
 
 NAMES = st.builds(
     lambda head, tail: head + tail,

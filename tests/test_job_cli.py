@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from admission.encoding import canonical_encode
-from admission.job_target import MemoryPublisher
+from admission.intent import canonical_encode
 from admission.jobs import Job
+from admission.testing import MemoryPublisher
 from tests.jobkit import ManualClock, expire, open_jobs
 
 ROOT = Path(__file__).resolve().parents[1]

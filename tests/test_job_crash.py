@@ -24,11 +24,9 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from admission.encoding import Value, canonical_encode
 from admission.errors import JobFencedError, JobQueueFullError
-from admission.job_runner import Continue, Finish, JobRunner
-from admission.job_target import LocalPublisher
-from admission.jobs import Job, JobStore
+from admission.intent import Value, canonical_encode
+from admission.jobs import Continue, Finish, Job, JobRunner, JobStore, LocalPublisher
 from tests.jobkit import Counting, ManualClock, expire, open_jobs
 from tests.processes import WAIT, running
 

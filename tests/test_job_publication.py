@@ -14,12 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from admission.encoding import canonical_encode
 from admission.errors import JobFencedError
-from admission.job_runner import JobRunner
-from admission.job_states import PublishedResult
-from admission.job_target import LocalPublisher, MemoryPublisher
-from admission.jobs import Job, JobStore
+from admission.intent import canonical_encode
+from admission.jobs import Job, JobRunner, JobStore, LocalPublisher, PublishedResult
+from admission.testing import MemoryPublisher
 from tests.jobkit import Counting, ManualClock, expire, open_jobs
 
 RESULT = canonical_encode({"sum": 6})

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from admission.encoding import Value, canonical_encode
 from admission.errors import (
     InvalidJobError,
     JobFencedError,
@@ -21,19 +20,23 @@ from admission.errors import (
     RetryableJobError,
     UnknownJobError,
 )
-from admission.job_runner import Continue, Finish, JobRunner
-from admission.job_states import JOB_TRANSITIONS, PublishedResult, find_cycle
-from admission.job_target import LocalPublisher
+from admission.intent import Value, canonical_encode
 from admission.jobs import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_WAITING,
+    JOB_TRANSITIONS,
     MAX_DIAGNOSTIC_BYTES,
+    Continue,
+    Finish,
     Job,
+    JobRunner,
     JobStore,
+    LocalPublisher,
+    PublishedResult,
     bounded_diagnostic,
+    find_cycle,
 )
-from admission.migrate import downgrade, revision_of
-from admission.schema import HEAD_REVISION, worker_jobs
+from admission.sql import HEAD_REVISION, downgrade, revision_of, worker_jobs
 from tests.jobkit import LEASE, Counting, ManualClock, counts, expire, open_jobs
 
 
@@ -269,11 +272,11 @@ def test_a_failed_dependency_fails_its_dependents_transitively(
 
 
 def test_claim_next_finds_a_waiting_job_behind_more_running_ones_than_it_scans(db_url: str) -> None:
-    import admission.jobs
+    import admission.jobs._store
 
     store = open_jobs(db_url, max_waiting=200)
     try:
-        running = admission.jobs._CLAIM_SCAN + 2
+        running = admission.jobs._store._CLAIM_SCAN + 2
         for i in range(running + 3):
             store.enqueue(job(f"j{i:03d}"))
         for i in range(running):  # the oldest ones hold live leases

@@ -18,7 +18,7 @@ from admission import (
     validate_request_id,
 )
 from admission.errors import InvalidCommandTypeError
-from admission.keys import TOKEN_PATTERN
+from admission.intent import TOKEN_PATTERN
 
 VALID_KEYS = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=255)
 

@@ -26,9 +26,7 @@ from hypothesis.stateful import (
 )
 
 from admission import canonical_encode
-from admission.outcomes import Decision
-from admission.service import AdmissionService
-from admission.store import CommandRow, Store, UpdateRow
+from admission.receipts import AdmissionService, CommandRow, Decision, Store, UpdateRow
 
 NS = "conformance"
 KEYS = [

@@ -25,10 +25,8 @@ import pytest
 from sqlalchemy import Engine, text
 
 from admission.errors import SchemaRevisionError
-from admission.outcomes import Decision
-from admission.schema import HEAD_REVISION
-from admission.service import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
+from admission.receipts import AdmissionService, Decision
+from admission.sql import HEAD_REVISION, SqlStore, create_admission_engine
 from tests.backends import SQL_BACKENDS, PostgresPool, database_url
 from tests.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import LegacyCase, LegacyManifest, build_legacy_database

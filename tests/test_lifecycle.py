@@ -8,9 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from admission.errors import RunStateError, UnknownCommandError
-from admission.outcomes import Decision, lifecycle_diagram
-from admission.service import AdmissionService
-from admission.store import Store
+from admission.receipts import AdmissionService, Decision, Store, lifecycle_diagram
 
 NS = "tenant"
 WF = "wf"

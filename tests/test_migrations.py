@@ -13,9 +13,16 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
-from admission.migrate import alembic_config, downgrade, revision_of, upgrade
-from admission.schema import HEAD_REVISION, KNOWN_REVISIONS, metadata
-from admission.sql import create_admission_engine
+from admission.sql import (
+    HEAD_REVISION,
+    KNOWN_REVISIONS,
+    alembic_config,
+    create_admission_engine,
+    downgrade,
+    metadata,
+    revision_of,
+    upgrade,
+)
 from tests.backends import PostgresPool, database_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,7 +72,7 @@ def test_0001_has_no_intent_columns_and_0002_adds_them_nullable(
 def test_downgrade_is_refused_once_new_format_receipts_exist(
     sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
 ) -> None:
-    from admission.service import AdmissionService
+    from admission.receipts import AdmissionService
     from admission.sql import SqlStore
 
     engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
@@ -102,12 +109,12 @@ def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
     wheel = next(tmp_path.glob("admission-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
-        "admission/migrations/env.py",
-        "admission/migrations/script.py.mako",
-        "admission/migrations/versions/0001_receipts.py",
-        "admission/migrations/versions/0002_intent.py",
-        "admission/migrations/versions/0003_worker.py",
-        "admission/migrations/versions/0004_jobs.py",
+        "admission/sql/migrations/env.py",
+        "admission/sql/migrations/script.py.mako",
+        "admission/sql/migrations/versions/0001_receipts.py",
+        "admission/sql/migrations/versions/0002_intent.py",
+        "admission/sql/migrations/versions/0003_worker.py",
+        "admission/sql/migrations/versions/0004_jobs.py",
         "admission/py.typed",
     ):
         assert required in names, required

@@ -9,10 +9,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from admission.outbox import OutboxRelay, record_outbox
-from admission.schema import outbox_cursors, worker_events, worker_records
-from admission.sql import SqlStore
-from admission.worker import DurableWorker, Scope
+from admission.sql import SqlStore, outbox_cursors, worker_events, worker_records
+from admission.worker import DurableWorker, OutboxRelay, Scope, record_outbox
 from tests.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")

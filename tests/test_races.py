@@ -29,10 +29,16 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
-from admission.keys import receipt_token
-from admission.schema import workflow_commands, workflow_history_events, workflow_instances, workflow_updates
-from admission.service import AdmissionService
-from admission.sql import SqlStore, normalize_url
+from admission.intent import receipt_token
+from admission.receipts import AdmissionService
+from admission.sql import (
+    SqlStore,
+    normalize_url,
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_updates,
+)
 from tests.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")

@@ -49,12 +49,16 @@ from admission.client import (
     TransportRetryPolicy,
     UpdateFailed,
 )
-from admission.codecs import AesGcmCodec, CborCodec, Codec, JsonCodec
-from admission.encoding import Value
-from admission.keys import receipt_token
-from admission.schema import workflow_commands, workflow_history_events, workflow_instances
-from admission.service import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
+from admission.http import AesGcmCodec, CborCodec, Codec, JsonCodec
+from admission.intent import Value, receipt_token
+from admission.receipts import AdmissionService
+from admission.sql import (
+    SqlStore,
+    create_admission_engine,
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+)
 from tests.backends import SQL_BACKENDS, PostgresPool, database_url
 from tests.conftest import SUMMARY_LINES
 from tests.processes import WAIT

@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 
 from admission.errors import InvalidValueError
-from admission.outcomes import Decision
-from admission.service import AdmissionService
+from admission.receipts import AdmissionService, Decision, EventCursor, Store
 from admission.sql import SqlStore
-from admission.store import EventCursor, Store
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

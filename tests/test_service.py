@@ -10,10 +10,8 @@ import pytest
 
 from admission import InvalidRequestIdError, InvalidValueError, ReservedRequestIdError
 from admission.errors import RunStateError, UnknownUpdateError
-from admission.outcomes import Decision
-from admission.service import AdmissionService
+from admission.receipts import AdmissionService, Decision, EventCursor, Store
 from admission.sql import SqlStore
-from admission.store import EventCursor, Store
 
 NS = "tenant-a"
 WF = "order-1"

@@ -1,6 +1,6 @@
-"""The optional C encoder ``admission._speedups`` against the pure-Python reference.
+"""The optional C encoder ``admission.intent._speedups`` against the pure-Python reference.
 
-The Python walk in ``admission.encoding`` defines the bytes.  The extension
+The Python walk in ``admission.intent._encoding`` defines the bytes.  The extension
 must return exactly those bytes for every value Python accepts and ``None``
 for every value Python refuses; the public functions then re-run Python for
 the error.  These tests compare the two on generated values, allowed and not.
@@ -31,19 +31,20 @@ from admission import (
     InvalidValueError,
     arguments_digest,
     canonical_encode,
-    encoding,
     intent_digest,
     intent_record,
 )
+from admission.intent import _encoding as encoding
 from tests.strategies import FLOAT_BITS, INT64, KEYS, VALUES
 
 try:
-    from admission import _speedups
+    from admission.intent import _speedups
 except ImportError:
     _speedups = None  # type: ignore[assignment]
 
 requires_extension = pytest.mark.skipif(
-    _speedups is None, reason="admission._speedups not importable (not built, or ADMISSION_PURE_PYTHON set)"
+    _speedups is None,
+    reason="admission.intent._speedups not importable (not built, or ADMISSION_PURE_PYTHON set)",
 )
 
 MAX = encoding.DEFAULT_MAX_SIZE
@@ -286,7 +287,7 @@ def test_ci_builds_the_extension() -> None:
     if os.environ.get("ADMISSION_PURE_PYTHON", "") not in ("", "0"):
         pytest.skip("ADMISSION_PURE_PYTHON asks for the pure-Python encoder")
     if _speedups is None:
-        pytest.fail("admission._speedups is not importable in CI: the C extension did not build")
+        pytest.fail("admission.intent._speedups is not importable in CI: the C extension did not build")
     assert encoding.ACCELERATED
 
 
@@ -609,7 +610,8 @@ def test_result_is_a_fresh_bytes_object() -> None:
 SCRIPT = """
 import sys
 {prelude}
-from admission import encoding, canonical_encode, intent_digest, InvalidValueError
+from admission import canonical_encode, intent_digest, InvalidValueError
+from admission.intent import _encoding as encoding
 value = {{"b": [1, -2.5, "\\xe9", b"x", None, True], "a": {{"\\U00010000": float("nan")}}}}
 print(encoding.ACCELERATED)
 print(canonical_encode(value).hex())
@@ -635,11 +637,11 @@ def run_script(prelude: str = "", **env: str) -> list[str]:
 
 def test_the_pure_fallback_gives_the_same_results() -> None:
     # Built or not, whatever ADMISSION_PURE_PYTHON says in this process.
-    built = str(importlib.util.find_spec("admission._speedups") is not None)
+    built = str(importlib.util.find_spec("admission.intent._speedups") is not None)
     default = run_script()
     pure = run_script(ADMISSION_PURE_PYTHON="1")
     # The extension missing altogether (as where no compiler was found).
-    missing = run_script(prelude="sys.modules['admission._speedups'] = None")
+    missing = run_script(prelude="sys.modules['admission.intent._speedups'] = None")
     assert pure[0] == missing[0] == "False"
     assert default[0] == built
     assert default[1:] == pure[1:] == missing[1:]

@@ -18,15 +18,15 @@ from typing import Any
 import cbor2
 import pytest
 
-import admission.vectors as vectors_module
-from admission.vectors import (
-    CATEGORIES,
+import admission.intent._vectors as vectors_module
+from admission.intent._vectors import (
     MANIFEST_NAME,
+    VECTOR_CATEGORIES,
     VectorFormatError,
     case_digest,
     load_vectors,
     typed_value,
-    verify,
+    verify_vectors,
 )
 
 REPO = Path(__file__).parents[1]
@@ -55,20 +55,20 @@ def same(a: object, b: object) -> bool:
 
 
 def test_committed_vectors_verify_and_meet_the_minimum_counts() -> None:
-    report = verify(VECTORS)
+    report = verify_vectors(VECTORS)
     assert report.failures == []
     assert report.ok
-    assert list(report.counts) == list(CATEGORIES)
+    assert list(report.counts) == list(VECTOR_CATEGORIES)
     assert all(count > 0 for count in report.counts.values()), report.counts
     assert sum(report.counts.values()) >= 150
 
 
 def test_committed_vectors_verify_with_the_pure_python_encoder_too() -> None:
-    # The C accelerator, when built, is what verify() exercised above; the
+    # The C accelerator, when built, is what verify_vectors() exercised above; the
     # pure walk is the definition and must agree with the same files.
     script = (
-        "import json, admission.vectors as v, admission.encoding as e;"
-        f"r = v.verify({str(VECTORS)!r});"
+        "import json, admission.intent._vectors as v, admission.intent._encoding as e;"
+        f"r = v.verify_vectors({str(VECTORS)!r});"
         "print(json.dumps({'accelerated': e.ACCELERATED, 'failures': r.failures}))"
     )
     env = {**os.environ, "ADMISSION_PURE_PYTHON": "1"}
@@ -80,7 +80,9 @@ def test_committed_vectors_verify_with_the_pure_python_encoder_too() -> None:
 def test_every_case_is_listed_in_the_manifest_with_its_digest() -> None:
     vectors = load_vectors(VECTORS)
     listed = vectors_module.load_manifest(VECTORS / MANIFEST_NAME)
-    expected = [(f"{c}.json", str(case["id"]), case_digest(case)) for c in CATEGORIES for case in vectors[c]]
+    expected = [
+        (f"{c}.json", str(case["id"]), case_digest(case)) for c in VECTOR_CATEGORIES for case in vectors[c]
+    ]
     assert sorted(listed) == sorted(expected)
 
 
@@ -259,8 +261,8 @@ def test_the_loader_refuses_a_malformed_file_with_a_clear_error(copy: Path, muta
         load_vectors(copy)
     assert "encode.json" in str(info.value)
     assert fragment in str(info.value)
-    # verify() reports the same problem instead of raising, for the CLI.
-    report = verify(copy)
+    # verify_vectors() reports the same problem instead of raising, for the CLI.
+    report = verify_vectors(copy)
     assert not report.ok
     assert len(report.failures) == 1
     assert fragment in report.failures[0]
@@ -294,7 +296,7 @@ def test_a_changed_intent_digest_is_reported_exactly(copy: Path) -> None:
     before, _ = tamper(
         copy, "intent", "intent.signal-instance", lambda c: c.update(intent_digest="0" * 64), rerelease=True
     )
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         f"intent.json intent.signal-instance: intent_digest {before['intent_digest']}, expected {'0' * 64}"
     ]
 
@@ -302,7 +304,7 @@ def test_a_changed_intent_digest_is_reported_exactly(copy: Path) -> None:
 def test_a_changed_encoding_is_reported_exactly(copy: Path) -> None:
     tamper(copy, "encode", "enc.int.pos.24", lambda c: c.update(cbor="1819"), rerelease=True)
     # Both directions see it: the encoder disagrees, and the bytes decode to another value.
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "encode.json enc.int.pos.24: encode gave 1818, expected 1819",
         "encode.json enc.int.pos.24: strict decode gave 25, expected the value 24",
     ]
@@ -312,7 +314,7 @@ def test_a_changed_large_encoding_digest_is_reported_exactly(copy: Path) -> None
     before, _ = tamper(
         copy, "encode", "enc.map.len.65536", lambda c: c.update(cbor_sha256="f" * 64), rerelease=True
     )
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         f"encode.json enc.map.len.65536: encode gave {before['cbor_length']} bytes with sha256 "
         f"{before['cbor_sha256']}, expected {before['cbor_length']} bytes with {'f' * 64}"
     ]
@@ -323,7 +325,7 @@ def test_a_changed_token_is_reported_exactly(copy: Path) -> None:
     before, _ = tamper(
         copy, "keys", "key.upper-a", lambda c: c.update(receipt_token={"token": wrong}), rerelease=True
     )
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         f"keys.json key.upper-a: receipt_token {before['receipt_token']['token']}, expected {wrong}"
     ]
 
@@ -331,7 +333,7 @@ def test_a_changed_token_is_reported_exactly(copy: Path) -> None:
 def test_an_accepted_key_claimed_refused_is_reported(copy: Path) -> None:
     refused = {"error": {"code": "request_id_invalid", "field": "request_id"}}
     tamper(copy, "keys", "key.four-byte-255", lambda c: c.update(validate=refused), rerelease=True)
-    (failure,) = verify(copy).failures
+    (failure,) = verify_vectors(copy).failures
     assert failure.startswith("keys.json key.four-byte-255: validate_request_id accepted")
 
 
@@ -343,7 +345,7 @@ def test_a_changed_refusal_path_is_reported_exactly(copy: Path) -> None:
         lambda c: c["error"].update(path="$.items[2].price"),
         rerelease=True,
     )
-    (failure,) = verify(copy).failures
+    (failure,) = verify_vectors(copy).failures
     assert failure.startswith(
         "encode_refusals.json encref.int.contract-path: encode refused with path '$.items[3].price' "
         "(expected '$.items[2].price')"
@@ -352,7 +354,7 @@ def test_a_changed_refusal_path_is_reported_exactly(copy: Path) -> None:
 
 def test_canonical_bytes_in_the_decode_refusals_are_reported(copy: Path) -> None:
     tamper(copy, "decode_refusals", "decref.non-shortest.1800", lambda c: c.update(cbor="00"), rerelease=True)
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "decode_refusals.json decref.non-shortest.1800: decode accepted (returned 0) "
         "but must refuse with invalid_value"
     ]
@@ -362,7 +364,7 @@ def test_a_broken_same_intent_link_is_reported(copy: Path) -> None:
     tamper(
         copy, "intent", "intent.list-21", lambda c: c.update(same_intent_as="intent.list-12"), rerelease=True
     )
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "intent.json intent.list-21: intent_digest differs from intent.list-12, which it must equal"
     ]
 
@@ -371,7 +373,7 @@ def test_an_edited_released_case_is_reported_even_if_it_still_verifies(copy: Pat
     before, after = tamper(
         copy, "encode", "enc.null", lambda c: c.update(description="None is f6, reworded."), rerelease=False
     )
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         f"encode.json enc.null: changed after release (MANIFEST sha256 {case_digest(before)}, "
         f"now {case_digest(after)}); add a new case instead"
     ]
@@ -379,7 +381,7 @@ def test_an_edited_released_case_is_reported_even_if_it_still_verifies(copy: Pat
 
 def test_a_changed_hex_without_rerelease_is_reported_twice(copy: Path) -> None:
     before, after = tamper(copy, "encode", "enc.true", lambda c: c.update(cbor="f4"), rerelease=False)
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "encode.json enc.true: encode gave f5, expected f4",
         "encode.json enc.true: strict decode gave False, expected the value True",
         f"encode.json enc.true: changed after release (MANIFEST sha256 {case_digest(before)}, "
@@ -393,7 +395,7 @@ def test_a_deleted_case_is_reported_exactly(copy: Path) -> None:
     assert isinstance(cases, list)
     document["cases"] = [c for c in cases if c["id"] != "key.upper-a"]
     write(copy, "keys", document)
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "keys.json key.upper-a: listed in MANIFEST but missing (released cases are never removed)"
     ]
 
@@ -404,14 +406,14 @@ def test_an_unlisted_case_is_reported(copy: Path) -> None:
     assert isinstance(cases, list)
     cases.append({"id": "enc.new", "description": "Not yet released.", "value": {"int": "2"}, "cbor": "02"})
     write(copy, "encode", document)
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "encode.json enc.new: not listed in MANIFEST (run tools/make_vectors.py to append it)"
     ]
 
 
 def test_a_missing_manifest_is_reported(copy: Path) -> None:
     (copy / MANIFEST_NAME).unlink()
-    assert verify(copy).failures == [
+    assert verify_vectors(copy).failures == [
         "MANIFEST: missing; every released case must be listed (run tools/make_vectors.py)"
     ]
 
@@ -421,7 +423,7 @@ def test_a_lenient_decoder_fails_the_decode_refusals(monkeypatch: pytest.MonkeyP
         return cbor2.loads(data)
 
     monkeypatch.setattr(vectors_module, "canonical_decode", lenient)
-    report = verify(VECTORS)
+    report = verify_vectors(VECTORS)
     assert not report.ok
     assert (
         "decode_refusals.json decref.map.unsorted: decode accepted (returned {'b': 1, 'a': 0})"
@@ -440,7 +442,7 @@ def test_the_generator_reproduces_the_committed_files_byte_for_byte(tmp_path: Pa
     done = run_generator(str(tmp_path))
     assert done.returncode == 0, done.stderr
     generated = sorted(p.name for p in tmp_path.iterdir())
-    assert generated == sorted([*(f"{c}.json" for c in CATEGORIES), MANIFEST_NAME])
+    assert generated == sorted([*(f"{c}.json" for c in VECTOR_CATEGORIES), MANIFEST_NAME])
     for name in generated:
         assert (tmp_path / name).read_bytes() == (VECTORS / name).read_bytes(), name
 
@@ -486,5 +488,5 @@ def test_an_encoder_that_leaves_large_maps_unsorted_fails_exactly_the_large_map_
         return real(value, max_size=max_size)
 
     monkeypatch.setattr(vectors_module, "canonical_encode", sorts_small_maps_only)
-    failing = {line.split(":")[0] for line in verify(VECTORS).failures}
+    failing = {line.split(":")[0] for line in verify_vectors(VECTORS).failures}
     assert failing == {f"encode.json enc.map.len.{n}" for n in (23, 24, 255, 256, 65535, 65536)}

@@ -26,13 +26,23 @@ from admission.errors import (
     TargetTimeoutError,
     WorkerLockedError,
 )
-from admission.localfs import write_json_atomically
-from admission.outbox import OUTBOX_EVENT, OutboxRelay, record_outbox
-from admission.schema import outbox_cursors, worker_events, worker_records
-from admission.service import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
-from admission.targets import FaultyTarget, Readback, SqliteTarget, StatusRead, TargetRecord
-from admission.worker import DurableWorker, FileLock, Scope, WorkerLimits
+from admission.receipts import AdmissionService
+from admission.sql import SqlStore, create_admission_engine, outbox_cursors, worker_events, worker_records
+from admission.testing import FaultyTarget
+from admission.worker import (
+    OUTBOX_EVENT,
+    DurableWorker,
+    FileLock,
+    OutboxRelay,
+    Readback,
+    Scope,
+    SqliteTarget,
+    StatusRead,
+    TargetRecord,
+    WorkerLimits,
+    record_outbox,
+    write_json_atomically,
+)
 
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
 
@@ -575,7 +585,7 @@ def test_polling_is_fair_for_any_sequence_of_limits(
 
 
 def test_the_downgrade_of_0003_is_refused_while_worker_records_exist(db_url: str) -> None:
-    from admission.migrate import downgrade, revision_of
+    from admission.sql import downgrade, revision_of
 
     engine = create_admission_engine(db_url)
     try:

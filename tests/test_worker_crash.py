@@ -22,8 +22,8 @@ import pytest
 from sqlalchemy import Engine
 
 from admission.sql import create_admission_engine
-from admission.targets import CRASH_EXIT_CODE, SqliteTarget
-from admission.worker import CRASH_POINTS, DurableWorker, Scope
+from admission.testing import CRASH_EXIT_CODE
+from admission.worker import CRASH_POINTS, DurableWorker, Scope, SqliteTarget
 from tests.backends import SQL_BACKENDS, PostgresPool, sqlite_url
 from tests.processes import WAIT
 

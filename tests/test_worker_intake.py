@@ -12,10 +12,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
 
-from admission.encoding import canonical_encode
 from admission.errors import QueueFullError
-from admission.schema import worker_events, worker_records
-from admission.sql import create_admission_engine
+from admission.intent import canonical_encode
+from admission.sql import create_admission_engine, worker_events, worker_records
 from admission.worker import DurableWorker, Scope, WorkerLimits
 from tests.processes import running
 from tests.strategies import VALUES

@@ -5,7 +5,7 @@ offers the next records to the intake, runs send/reconcile cycles against a
 target whose every write draws a fault (a before-write outage, a timeout after
 or instead of the write, an error after the write, a failed readback), and,
 when its life draws a crash, SIGKILLs itself at a random point of a send
-(``admission.worker.CRASH_POINTS``).  The parent starts the next life until
+(``admission.worker._worker.CRASH_POINTS``).  The parent starts the next life until
 every record is accepted and none is waiting to be sent, then settles what is
 left with a fault-free target.  At the end every record is accounted for and
 the target holds no duplicate.  The tally goes into the run's summary.
@@ -23,10 +23,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from admission.errors import BeforeWriteError, QueueFullError, TargetTimeoutError
-from admission.localfs import write_json_atomically
 from admission.sql import create_admission_engine
-from admission.targets import Readback, SqliteTarget, StatusRead, TargetRecord
-from admission.worker import CRASH_POINTS, DurableWorker, Scope
+from admission.worker import (
+    CRASH_POINTS,
+    DurableWorker,
+    Readback,
+    Scope,
+    SqliteTarget,
+    StatusRead,
+    TargetRecord,
+    write_json_atomically,
+)
 from tests.backends import sqlite_url
 from tests.conftest import SUMMARY_LINES
 from tests.processes import running

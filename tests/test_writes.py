@@ -4,31 +4,33 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission.writes import (
-    EVENTS,
-    STATES,
-    TERMINAL_STATES,
+from admission.errors import RecordStateError
+from admission.worker import (
+    TERMINAL_WRITE_STATES,
     WRITE_TRANSITIONS,
+    WriteState,
     after_before_write_error,
-    diagram,
-    next_state,
+    write_diagram,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOLVE = {"resolve_confirm", "resolve_failed_safe", "resolve_release"}
+EVENTS = WRITE_TRANSITIONS.events
 
 
 def walk(events: list[str]) -> list[tuple[str, str, str]]:
     """Apply the allowed events in order from ``prepared``; the steps taken."""
     state, steps = "prepared", []
     for event in events:
-        following = next_state(state, event)
-        if following is not None:
-            steps.append((state, event, following))
-            state = following
+        if (state, event) not in WRITE_TRANSITIONS:
+            continue
+        following = WRITE_TRANSITIONS.next_state(state, event)
+        steps.append((state, event, following))
+        state = following
     return steps
 
 
@@ -36,7 +38,7 @@ def walk(events: list[str]) -> list[tuple[str, str, str]]:
 @given(st.lists(st.sampled_from(EVENTS), max_size=40))
 def test_every_reachable_state_is_declared(events: list[str]) -> None:
     for _, _, state in walk(events):
-        assert state in STATES
+        assert state in set(WriteState)
 
 
 @settings(max_examples=300)
@@ -68,7 +70,7 @@ def test_uncertain_leaves_only_by_readback_or_resolve() -> None:
 
 def test_terminal_states_have_no_way_out_but_observed_missing() -> None:
     for (state, event), _ in WRITE_TRANSITIONS.items():
-        if state in TERMINAL_STATES:
+        if state in TERMINAL_WRITE_STATES:
             assert (state, event) == ("confirmed", "observed_missing")
 
 
@@ -77,9 +79,26 @@ def test_terminal_states_have_no_way_out_but_observed_missing() -> None:
 def test_attempts_are_bounded(attempts: int, limit: int) -> None:
     event = after_before_write_error(attempts, limit)
     assert (event == "attempts_exhausted") == (attempts >= limit)
-    assert next_state("in_flight", event) == ("failed_safe" if attempts >= limit else "prepared")
+    assert WRITE_TRANSITIONS.next_state("in_flight", event) == (
+        "failed_safe" if attempts >= limit else "prepared"
+    )
+
+
+@settings(max_examples=200)
+@given(st.sampled_from(list(WriteState)), st.sampled_from([*EVENTS, "bogus"]))
+def test_next_state_applies_the_table_and_refuses_every_other_pair(state: str, event: str) -> None:
+    if (state, event) in WRITE_TRANSITIONS:
+        assert WRITE_TRANSITIONS.next_state(state, event) == WRITE_TRANSITIONS[(state, event)]
+    else:
+        with pytest.raises(RecordStateError) as refused:
+            WRITE_TRANSITIONS.next_state(state, event, subject="w-1")
+        assert (refused.value.state, refused.value.write_id, refused.value.code) == (
+            state,
+            "w-1",
+            "record_state",
+        )
 
 
 def test_docs_show_exactly_the_generated_diagram() -> None:
     text = (ROOT / "docs" / "worker.md").read_text(encoding="utf-8")
-    assert f"```mermaid\n{diagram()}```" in text
+    assert f"```mermaid\n{write_diagram()}```" in text

@@ -54,8 +54,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from sqlalchemy import Connection, MetaData, insert, inspect, select
 
 from admission import canonical_encode
-from admission.migrate import upgrade
-from admission.sql import create_admission_engine
+from admission.sql import create_admission_engine, upgrade
 
 __all__ = [
     "LEGACY_REVISION",
@@ -89,7 +88,7 @@ def _fixed_id(label: str) -> str:
 
 
 def token(command_type: str, key: str) -> str:
-    """The receipt token, computed here independently of admission.keys (contract §2.5)."""
+    """The receipt token, computed here independently of admission.intent._keys (contract §2.5)."""
     return f"{command_type}-v1:{hashlib.sha256(key.encode('utf-8')).hexdigest()}"
 
 

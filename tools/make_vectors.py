@@ -30,7 +30,7 @@ import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
-# Derive from the definition: the pure-Python walk of admission.encoding.  The
+# Derive from the definition: the pure-Python walk of admission.intent._encoding.  The
 # optional C accelerator must reproduce these bytes; the verifier checks it
 # against the vectors, so it must not also be their source.
 os.environ["ADMISSION_PURE_PYTHON"] = "1"
@@ -49,11 +49,11 @@ from admission import (
     receipt_token,
     validate_request_id,
 )
-from admission.encoding import ACCELERATED, INTENT_TAG, INTENT_VERSION
-from admission.vectors import (
-    CATEGORIES,
-    FORMAT,
+from admission.intent import ACCELERATED, INTENT_TAG, INTENT_VERSION
+from admission.intent._vectors import (
     MANIFEST_NAME,
+    VECTOR_CATEGORIES,
+    VECTORS_FORMAT,
     case_digest,
     load_manifest,
     load_vectors,
@@ -88,7 +88,7 @@ def check(condition: bool, message: str) -> None:
 
 
 # --------------------------------------------------------------------------
-# Rendering Python values as typed JSON (the inverse of admission.vectors.typed_value).
+# Rendering Python values as typed JSON (the inverse of admission.intent._vectors.typed_value).
 
 
 def float_text(value: float) -> str:
@@ -219,7 +219,7 @@ def ref_head(major: int, n: int) -> bytes:
 
 
 def ref_encode(value: object) -> bytes:
-    """Contract §3, written again from the table without looking at admission.encoding."""
+    """Contract §3, written again from the table without looking at admission.intent._encoding."""
     if value is None:
         return b"\xf6"
     if value is True:
@@ -1652,7 +1652,7 @@ def make_decode_refusals() -> list[dict[str, object]]:
 def render_file(category: str, cases: list[dict[str, object]]) -> str:
     """One case per line, so that an appended case is a one-line diff."""
     document = {
-        "format": FORMAT,
+        "format": VECTORS_FORMAT,
         "encoding": INTENT_VERSION,
         "category": category,
         "description": FILE_DESCRIPTIONS[category],
@@ -1683,7 +1683,7 @@ def build() -> dict[str, list[dict[str, object]]]:
         "encode_refusals": make_encode_refusals,
         "decode_refusals": make_decode_refusals,
     }
-    return {category: makers[category]() for category in CATEGORIES}
+    return {category: makers[category]() for category in VECTOR_CATEGORIES}
 
 
 def manifest_text(vectors: dict[str, list[dict[str, object]]], base: list[tuple[str, str, str]]) -> str:

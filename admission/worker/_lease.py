@@ -1,6 +1,6 @@
 """Exclusive ownership of a worker queue: a file lock and a lease with a fencing token (worker contract §3).
 
-On one machine a non-blocking ``fcntl.flock`` (:class:`~admission.localfs.FileLock`)
+On one machine a non-blocking ``fcntl.flock`` (:class:`~admission.worker._localfs.FileLock`)
 covers the whole time a worker owns the queue.  Every owner also claims the
 queue's row in ``worker_leases``, which increments the fencing ``token``;
 the worker writes that token into every record it updates, and the trigger
@@ -26,10 +26,10 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
 from admission.errors import FencedError, LeaseHeldError, RecordStateError
-from admission.localfs import FileLock
-from admission.schema import worker_leases
+from admission.sql._schema import worker_leases
+from admission.worker._localfs import FileLock
 
-__all__ = ["Lease"]
+__all__ = ["QueueLease"]
 
 
 @dataclass
@@ -46,7 +46,7 @@ class _Ownership:
     lock: FileLock | None = field(default=None)
 
 
-class Lease:
+class QueueLease:
     """The ownership of one queue by one holder.
 
     ``begin`` opens a write transaction (the worker's, so that driver errors

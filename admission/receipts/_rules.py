@@ -56,10 +56,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal
 
-from admission.encoding import Value
-from admission.keys import TOKEN_PATTERN
+from admission._table import StateTable
+from admission.errors import RunStateError
+from admission.intent._encoding import Value
+from admission.intent._keys import TOKEN_PATTERN
 
 __all__ = [
+    "CLOSE_EVENTS",
     "RUN_TRANSITIONS",
     "SIGNAL_TRANSITIONS",
     "UPDATE_TRANSITIONS",
@@ -68,8 +71,12 @@ __all__ = [
     "Decision",
     "Intent",
     "ReceiptJudgement",
+    "RunStatus",
+    "SignalStatus",
     "StoredReceipt",
     "TargetJudgement",
+    "UpdateStatus",
+    "closing_event",
     "http_status",
     "json_value",
     "judge_receipts",
@@ -81,42 +88,89 @@ __all__ = [
 CommandType = Literal["signal", "update"]
 """The two kinds of command a caller sends."""
 
-OPEN: Final = "open"
 
-RUN_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
-    ("open", "complete"): "completed",
-    ("open", "fail"): "failed",
-    ("open", "cancel"): "cancelled",
-    ("open", "terminate"): "terminated",
-    ("open", "continue_as_new"): "continued",
-}
+class RunStatus(enum.StrEnum):
+    """A run's status; the values are the stored strings."""
+
+    OPEN = "open"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TERMINATED = "terminated"
+    CONTINUED = "continued"
+
+
+class SignalStatus(enum.StrEnum):
+    """A signal's lifecycle status (``rejected`` also marks a keyed refusal's row)."""
+
+    RECEIVED = "received"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+
+
+class UpdateStatus(enum.StrEnum):
+    """An update's status."""
+
+    ACCEPTED = "accepted"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+def _refuse(run_id: str, state: str, event: str) -> RunStateError:
+    return RunStateError(
+        f"{event} does not apply to {state}",
+        reason="transition_not_allowed",
+        run_id=run_id or None,
+        state=state,
+    )
+
+
+_OPEN = RunStatus.OPEN
+
+RUN_TRANSITIONS: Final = StateTable[RunStatus](
+    {
+        (_OPEN, "complete"): RunStatus.COMPLETED,
+        (_OPEN, "fail"): RunStatus.FAILED,
+        (_OPEN, "cancel"): RunStatus.CANCELLED,
+        (_OPEN, "terminate"): RunStatus.TERMINATED,
+        (_OPEN, "continue_as_new"): RunStatus.CONTINUED,
+    },
+    refuse=_refuse,
+)
 """A run: (status, event) -> status.  Closed runs never change again."""
 
-SIGNAL_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
-    ("received", "apply"): "applied",
-    ("received", "run_closed"): "rejected",
-    ("received", "handed_off"): "received",
-}
+SIGNAL_TRANSITIONS: Final = StateTable[SignalStatus](
+    {
+        (SignalStatus.RECEIVED, "apply"): SignalStatus.APPLIED,
+        (SignalStatus.RECEIVED, "run_closed"): SignalStatus.REJECTED,
+        (SignalStatus.RECEIVED, "handed_off"): SignalStatus.RECEIVED,
+    },
+    refuse=_refuse,
+)
 """A signal's lifecycle status: (status, event) -> status.  ``run_closed``
 rejects it (``run_closed_before_signal_applied``); ``handed_off`` keeps it
 pending in the successor run."""
 
-UPDATE_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
-    ("accepted", "complete"): "completed",
-    ("accepted", "fail"): "failed",
-    ("accepted", "run_closed"): "failed",
-    ("accepted", "handed_off"): "accepted",
-}
+UPDATE_TRANSITIONS: Final = StateTable[UpdateStatus](
+    {
+        (UpdateStatus.ACCEPTED, "complete"): UpdateStatus.COMPLETED,
+        (UpdateStatus.ACCEPTED, "fail"): UpdateStatus.FAILED,
+        (UpdateStatus.ACCEPTED, "run_closed"): UpdateStatus.FAILED,
+        (UpdateStatus.ACCEPTED, "handed_off"): UpdateStatus.ACCEPTED,
+    },
+    refuse=_refuse,
+)
 """An update's status: (status, event) -> status.  ``run_closed`` fails it
 (``run_closed_before_update_applied``)."""
 
 CLOSE_EVENTS: Final[dict[str, str]] = {
-    "completed": "complete",
-    "failed": "fail",
-    "cancelled": "cancel",
-    "terminated": "terminate",
-    "continued": "continue_as_new",
+    RunStatus.COMPLETED: "complete",
+    RunStatus.FAILED: "fail",
+    RunStatus.CANCELLED: "cancel",
+    RunStatus.TERMINATED: "terminate",
+    RunStatus.CONTINUED: "continue_as_new",
 }
+"""The event that closes a run with each closed status."""
 
 
 def closing_event(scope: str, continue_as_new: bool) -> str:
@@ -126,17 +180,17 @@ def closing_event(scope: str, continue_as_new: bool) -> str:
 
 def lifecycle_diagram() -> str:
     """The three lifecycle tables as Mermaid state diagrams (``docs/lifecycle.md``)."""
+    tables: tuple[
+        tuple[str, StateTable[RunStatus] | StateTable[SignalStatus] | StateTable[UpdateStatus], str], ...
+    ]
+    tables = (
+        ("Run", RUN_TRANSITIONS, RunStatus.OPEN),
+        ("Signal", SIGNAL_TRANSITIONS, SignalStatus.RECEIVED),
+        ("Update", UPDATE_TRANSITIONS, UpdateStatus.ACCEPTED),
+    )
     parts = []
-    for title, table, start in (
-        ("Run", RUN_TRANSITIONS, "open"),
-        ("Signal", SIGNAL_TRANSITIONS, "received"),
-        ("Update", UPDATE_TRANSITIONS, "accepted"),
-    ):
-        lines = [f"### {title}", "", "```mermaid", "stateDiagram-v2", f"    [*] --> {start}"]
-        lines += [f"    {before} --> {after}: {event}" for (before, event), after in table.items()]
-        finals = sorted({after for after in table.values()} - {before for before, _ in table})
-        lines += [f"    {final} --> [*]" for final in finals]
-        lines += ["```", ""]
+    for title, table, start in tables:
+        lines = [f"### {title}", "", "```mermaid", *table.mermaid([start]), "```", ""]  # type: ignore[list-item]
         parts.append("\n".join(lines))
     return "\n".join(parts)
 
@@ -307,7 +361,7 @@ def judge_target(
             requested_run_id=requested_run_id,
             resolved_run_id=current_run_id,
         )
-    if current_run_id is None or current_run_status != OPEN:
+    if current_run_id is None or current_run_status != RunStatus.OPEN:
         return TargetJudgement(
             "run_not_active",
             run_id=current_run_id,

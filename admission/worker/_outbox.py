@@ -4,7 +4,7 @@ Issue 6 item 1, worker contract preamble.  :func:`record_outbox` appends an
 ``outbox.v1`` event to ``workflow_history_events`` inside the caller's
 transaction, so the work for an external target commits (or not) together
 with the admission that caused it.  :class:`OutboxRelay` reads the log after
-its tracked :class:`~admission.store.EventCursor` (``SqlStore.read_events``:
+its tracked :class:`~admission.receipts._store.EventCursor` (``SqlStore.read_events``:
 on PostgreSQL it never passes a transaction still open) and, for each
 outbox event, accepts the record into the worker's intake *in the same
 transaction* as it moves its cursor: progress and effect commit together,
@@ -22,12 +22,12 @@ from typing import Final
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from admission.encoding import canonical_decode, canonical_encode
 from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
-from admission.schema import outbox_cursors
-from admission.sql import SqlStore, insert_or_ignore
-from admission.store import EventCursor, EventRow
-from admission.worker import DurableWorker
+from admission.intent._encoding import canonical_decode, canonical_encode
+from admission.receipts._store import EventCursor, EventRow
+from admission.sql._receipts import SqlStore, insert_or_ignore
+from admission.sql._schema import outbox_cursors
+from admission.worker._worker import DurableWorker
 
 __all__ = ["OUTBOX_EVENT", "OutboxRelay", "RelayReport", "read_cursor", "record_outbox"]
 

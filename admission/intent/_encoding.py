@@ -10,7 +10,7 @@ The encoder is written for speed on the admission hot path: one recursive walk
 that validates and writes at once, dispatching on exact types, with the path
 of a refused value rebuilt only while an error unwinds.
 
-The optional C extension ``admission._speedups`` produces the same bytes
+The optional C extension ``admission.intent._speedups`` produces the same bytes
 faster.  The Python walk stays the definition and the fallback: the extension
 only answers "these bytes" or "refused", and on a refusal the Python walk is
 run to raise the precise :class:`InvalidValueError`.  Without the extension
@@ -83,7 +83,7 @@ def _load_accelerator() -> Callable[[object, int], bytes | None] | None:
     # refuse to load, for debugging, comparing the two and testing the fallback;
     # the extension reads it so that this module stays free of I/O.
     try:
-        from admission import _speedups
+        from admission.intent import _speedups
     except ImportError:
         return None
     return _speedups.encode
@@ -92,7 +92,7 @@ def _load_accelerator() -> Callable[[object, int], bytes | None] | None:
 _accelerated_encode: Final = _load_accelerator()
 
 ACCELERATED: Final = _accelerated_encode is not None
-"""Whether the C extension ``admission._speedups`` encodes (the bytes are the same either way)."""
+"""Whether the C extension ``admission.intent._speedups`` encodes (the bytes are the same either way)."""
 
 
 def _head(major: int, n: int) -> bytes:

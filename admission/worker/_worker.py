@@ -2,7 +2,7 @@
 
 Worker contract §1-§3, §5.  Every state change is one transaction that also
 appends its event to ``worker_events``; the state it moves to is looked up
-in :data:`admission.writes.WRITE_TRANSITIONS`, never decided here.  A record
+in :data:`admission.worker._states.WRITE_TRANSITIONS`, never decided here.  A record
 is committed ``in_flight`` *before* the target is called, so any crash after
 that point is found by the next start and turns the record ``uncertain``,
 which only an exact readback or an operator's ``resolve`` settles.
@@ -34,7 +34,6 @@ from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from admission.encoding import canonical_decode, canonical_encode
 from admission.errors import (
     BeforeWriteError,
     FencedError,
@@ -46,22 +45,19 @@ from admission.errors import (
     StorageError,
     TargetTimeoutError,
 )
-from admission.intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_text, validate_record
-from admission.lease import Lease
-from admission.localfs import FileLock, write_json_atomically
-from admission.schema import worker_events, worker_leases, worker_queues, worker_records
-from admission.sql import BulkInsert, BulkStatement, as_utc, insert_or_ignore
-from admission.targets import StatusRead, Target, TargetRecord
-from admission.writes import (
-    CONFIRMED,
-    IN_FLIGHT,
-    PREPARED,
-    STATES,
-    UNCERTAIN,
-    WAITING_STATES,
+from admission.intent._encoding import canonical_decode, canonical_encode
+from admission.sql._receipts import BulkInsert, BulkStatement, as_utc, insert_or_ignore
+from admission.sql._schema import worker_events, worker_leases, worker_queues, worker_records
+from admission.worker._intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_text, validate_record
+from admission.worker._lease import QueueLease
+from admission.worker._localfs import FileLock, write_json_atomically
+from admission.worker._states import (
+    WAITING_WRITE_STATES,
+    WRITE_TRANSITIONS,
+    WriteState,
     after_before_write_error,
-    next_state,
 )
+from admission.worker._targets import StatusRead, Target, TargetRecord
 
 __all__ = [
     "CRASH_POINTS",
@@ -81,7 +77,15 @@ CRASH_POINTS: Final = ("before_dispatch", "after_in_flight", "after_target_commi
 
 _ACKNOWLEDGED: Final = "the target acknowledged the write"
 _EVENT_KEYS: Final = (
-    "queue", "write_id", "event_type", "from_state", "to_state", "reason", "actor", "fence", "recorded_at"
+    "queue",
+    "write_id",
+    "event_type",
+    "from_state",
+    "to_state",
+    "reason",
+    "actor",
+    "fence",
+    "recorded_at",
 )
 _WRITE_OPTION: Final = "admission_write"
 
@@ -139,7 +143,7 @@ def _no_hook(_point: str) -> None:
 class DurableWorker:
     """One queue of records for one scope, on a SQLAlchemy engine (SQLite or PostgreSQL).
 
-    ``engine`` must come from :func:`admission.sql.create_admission_engine` on a
+    ``engine`` must come from :func:`admission.sql._receipts.create_admission_engine` on a
     database at the head revision.  ``lock_path`` is the local file lock
     (default: next to a SQLite database; none on PostgreSQL, where the lease
     alone decides; ``file_lock=False`` turns it off).  ``now`` stamps rows; ``monotonic`` decides liveness.
@@ -165,7 +169,7 @@ class DurableWorker:
         send_batch: int = 1,
         now: Callable[[], datetime] = _utcnow,
         monotonic: Callable[[], float] = time.monotonic,
-        hook: Callable[[str], None] = _no_hook,
+        hook: Callable[[str], None] | None = None,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         if not isinstance(queue, str) or not 1 <= len(queue) <= 255:
@@ -197,9 +201,9 @@ class DurableWorker:
             lock_path = f"{engine.url.database}.{queue}.lock"
         self.lock_path = Path(lock_path) if file_lock and lock_path is not None else None
         self._now = now
-        self._hook = hook
+        self._hook = hook or _no_hook
         self._new_id = new_id
-        self.lease = Lease(
+        self.lease = QueueLease(
             queue,
             self.holder,
             begin=self._write,
@@ -315,7 +319,9 @@ class DurableWorker:
                 same = bytes(existing.content) == content
                 return Intake("duplicate" if same else "conflict", existing.write_id, existing.state)
             waiting = conn.execute(
-                select(func.count()).where(records.queue == self.queue, records.state.in_(WAITING_STATES))
+                select(func.count()).where(
+                    records.queue == self.queue, records.state.in_(WAITING_WRITE_STATES)
+                )
             ).scalar_one()
             if waiting >= self.limits.max_waiting:
                 raise QueueFullError(
@@ -335,7 +341,7 @@ class DurableWorker:
                     "tenant": tenant,
                     "source_key": source_key,
                     "content": content,
-                    "state": PREPARED,
+                    "state": WriteState.PREPARED,
                     "attempts": 0,
                     "created_at": now,
                     "updated_at": now,
@@ -344,8 +350,8 @@ class DurableWorker:
             )
             if not inserted:  # pragma: no cover - the queue row lock above prevents this race
                 raise StorageError("a concurrent intake of the same key; retry")
-            self._event(conn, write_id, "accepted", None, PREPARED, "record accepted", fence=None)
-        return Intake("accepted", write_id, PREPARED)
+            self._event(conn, write_id, "accepted", None, WriteState.PREPARED, "record accepted", fence=None)
+        return Intake("accepted", write_id, WriteState.PREPARED)
 
     def record_refusal(self, connection: Connection, reason: str) -> None:
         """Append an ``intake_refused`` event in the caller's transaction (a producer
@@ -396,10 +402,10 @@ class DurableWorker:
             self.keep_lease()
             counts = {"recovered": 0, "reconciled": 0, "still_uncertain": 0, "sent": 0}
             outcomes = {"confirmed": 0, "retried": 0, "failed_safe": 0, "uncertain": 0}
-            for row in self._rows(IN_FLIGHT):
+            for row in self._rows(WriteState.IN_FLIGHT):
                 self._transition(row, "crash_found", "found in_flight at start: the send may have landed")
                 counts["recovered"] += 1
-            for row in self._rows(UNCERTAIN):
+            for row in self._rows(WriteState.UNCERTAIN):
                 if self._reconcile(target, row):
                     counts["reconciled"] += 1
                 else:
@@ -410,7 +416,7 @@ class DurableWorker:
             # crash leaves them for the next start to find uncertain and confirm
             # by readback, never to send again.
             acknowledged: list[RowMapping] = []
-            prepared = self._rows(PREPARED)
+            prepared = self._rows(WriteState.PREPARED)
             for start in range(0, len(prepared), self.send_batch):
                 batch = prepared[start : start + self.send_batch]
                 self._hook("before_dispatch")
@@ -537,13 +543,7 @@ class DurableWorker:
         values: Mapping[str, object] | None = None,
     ) -> RowMapping:
         state = row["state"]
-        new_state = next_state(state, event)
-        if new_state is None:
-            raise RecordStateError(
-                f"record {row['write_id']} is {state}; {event} is not allowed there",
-                write_id=row["write_id"],
-                state=state,
-            )
+        new_state = WRITE_TRANSITIONS.next_state(state, event, subject=row["write_id"])
         changes: dict[str, Any] = {"state": new_state, "updated_at": self._now(), **(values or {})}
         if diagnostic is not None:
             changes["diagnostic"] = bounded_text(diagnostic, self.limits.max_diagnostic)
@@ -573,8 +573,8 @@ class DurableWorker:
         # The same transition for rows that are all in one state: one executemany
         # of the guarded UPDATE and one of the events, whatever the batch size.
         state = rows[0]["state"]
-        new_state = next_state(state, event)
-        if new_state is None or any(r["state"] != state for r in rows):
+        new_state = WRITE_TRANSITIONS.next_state(state, event)
+        if any(r["state"] != state for r in rows):
             raise RecordStateError(f"{event} is not allowed from {state}", write_id=None, state=state)
         now = self._now()
         ids = [r["write_id"] for r in rows]
@@ -695,7 +695,7 @@ class DurableWorker:
                 rows = list(
                     conn.execute(
                         select(worker_records)
-                        .where(records.queue == self.queue, records.state == CONFIRMED)
+                        .where(records.queue == self.queue, records.state == WriteState.CONFIRMED)
                         .order_by(records.polled_at.asc().nulls_first(), records.id)
                         .limit(limit)
                     ).mappings()
@@ -723,7 +723,7 @@ class DurableWorker:
 
     def _apply_read(self, row: RowMapping, read: StatusRead) -> bool:
         write_id = row["write_id"]
-        if row["state"] != CONFIRMED:
+        if row["state"] != WriteState.CONFIRMED:
             raise RecordStateError(
                 f"record {write_id} is {row['state']}; only confirmed records are observed",
                 write_id=write_id,
@@ -738,7 +738,7 @@ class DurableWorker:
         now = self._now()
         with self._write() as conn:
             fence = self._fence(conn)
-            where = (records.write_id == write_id) & (records.state == CONFIRMED)
+            where = (records.write_id == write_id) & (records.state == WriteState.CONFIRMED)
             if read.kind == "unknown":
                 # Keep the snapshot; record poll-health once per failing streak (deduplicated).
                 conn.execute(
@@ -748,7 +748,15 @@ class DurableWorker:
                 )
                 if row["poll_health"] != "failing":
                     detail = f"status read failed: {read.detail}" if read.detail else "status read failed"
-                    self._event(conn, write_id, "poll_failed", CONFIRMED, CONFIRMED, detail, fence=fence)
+                    self._event(
+                        conn,
+                        write_id,
+                        "poll_failed",
+                        WriteState.CONFIRMED,
+                        WriteState.CONFIRMED,
+                        detail,
+                        fence=fence,
+                    )
                 return False
             encoded = canonical_encode(read.snapshot, max_size=MAX_CONTENT)
             changed = row["snapshot"] is None or bytes(row["snapshot"]) != encoded
@@ -759,15 +767,21 @@ class DurableWorker:
             )
             if row["poll_health"] == "failing":
                 self._event(
-                    conn, write_id, "poll_recovered", CONFIRMED, CONFIRMED, "status read again", fence=fence
+                    conn,
+                    write_id,
+                    "poll_recovered",
+                    WriteState.CONFIRMED,
+                    WriteState.CONFIRMED,
+                    "status read again",
+                    fence=fence,
                 )
             if changed:
                 self._event(
                     conn,
                     write_id,
                     "status_changed",
-                    CONFIRMED,
-                    CONFIRMED,
+                    WriteState.CONFIRMED,
+                    WriteState.CONFIRMED,
                     "a new status snapshot",
                     fence=fence,
                 )
@@ -848,7 +862,7 @@ class DurableWorker:
             "queue": self.queue,
             "scope": self.scope.as_dict(),
             "lease": {"token": lease["token"], "holder": lease["holder"], "heartbeat": lease["heartbeat"]},
-            "counts": {state: int(counts.get(state, 0)) for state in STATES},
+            "counts": {state: int(counts.get(state, 0)) for state in WriteState},
         }
         if records:
             payload["records"] = [

@@ -5,12 +5,12 @@ and specified in ``vectors/README.md`` so that a port in another language can
 read them exactly.  This module is the only reader: :func:`load_vectors`
 checks the shape of every file (a malformed file is an error, never a silently
 skipped case), :func:`typed_value` turns a typed rendering into the Python
-value, and :func:`verify` re-derives every expected output with the current
+value, and :func:`verify_vectors` re-derives every expected output with the current
 code and checks the append-only ``MANIFEST``.
 
 A digest released in a vector must be recomputed bit-for-bit forever (contract
 §3), so a released case never changes: ``MANIFEST`` pins the SHA-256 of each
-case's canonical JSON and :func:`verify` reports any case that moved.
+case's canonical JSON and :func:`verify_vectors` reports any case that moved.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from admission.encoding import (
+from admission.errors import AdmissionError
+from admission.intent._encoding import (
     DEFAULT_MAX_SIZE,
     INTENT_TAG,
     INTENT_VERSION,
@@ -38,26 +39,25 @@ from admission.encoding import (
     intent_digest,
     intent_record,
 )
-from admission.errors import AdmissionError
-from admission.keys import normalize_request_id, receipt_token, validate_request_id
+from admission.intent._keys import normalize_request_id, receipt_token, validate_request_id
 
 __all__ = [
-    "CATEGORIES",
-    "FORMAT",
     "MANIFEST_NAME",
+    "VECTORS_FORMAT",
+    "VECTOR_CATEGORIES",
     "VectorFormatError",
     "VerifyReport",
     "case_digest",
     "load_manifest",
     "load_vectors",
     "typed_value",
-    "verify",
+    "verify_vectors",
 ]
 
-FORMAT: Final = "admission-golden-vectors/1"
+VECTORS_FORMAT: Final = "admission-golden-vectors/1"
 """The value of the ``format`` member of every vector file this loader reads."""
 
-CATEGORIES: Final = ("encode", "intent", "keys", "encode_refusals", "decode_refusals")
+VECTOR_CATEGORIES: Final = ("encode", "intent", "keys", "encode_refusals", "decode_refusals")
 """The vector categories, in report order; category ``c`` lives in ``c.json``."""
 
 MANIFEST_NAME: Final = "MANIFEST"
@@ -88,7 +88,7 @@ class VectorFormatError(ValueError):
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """What :func:`verify` found.
+    """What :func:`verify_vectors` found.
 
     ``counts`` maps each category (file stem) to the number of cases checked;
     ``failures`` has one line per mismatch, ``"<file> <id>: <what differed>"``.
@@ -519,7 +519,7 @@ def load_vectors(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, 
     """Read every vector file in ``directory``: category -> cases, in file order.
 
     This is the one loader (vectors/README.md).  It requires exactly the files
-    ``<category>.json`` for :data:`CATEGORIES`, plain-ASCII JSON with no
+    ``<category>.json`` for :data:`VECTOR_CATEGORIES`, plain-ASCII JSON with no
     duplicate members and no non-integer numbers, the documented members for
     each case, well-formed typed values, and ids unique across all files.
     Raises :class:`VectorFormatError` with the file, case and member otherwise.
@@ -528,20 +528,20 @@ def load_vectors(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, 
     if not root.is_dir():
         raise VectorFormatError(f"{root}: not a directory")
     present = {p.name for p in root.glob("*.json")}
-    expected = {f"{c}.json" for c in CATEGORIES}
+    expected = {f"{c}.json" for c in VECTOR_CATEGORIES}
     if present - expected:
         raise VectorFormatError(f"{root}: unknown vector file(s) {sorted(present - expected)}")
     if expected - present:
         raise VectorFormatError(f"{root}: missing vector file(s) {sorted(expected - present)}")
     result: dict[str, list[dict[str, object]]] = {}
     seen: dict[str, str] = {}
-    for category in CATEGORIES:
+    for category in VECTOR_CATEGORIES:
         name = f"{category}.json"
         document = _members(
             _load_json(root / name), name, {"format", "encoding", "category", "description", "cases"}
         )
-        if document["format"] != FORMAT:
-            raise _fail(name, f"format must be {FORMAT!r}, got {document['format']!r}")
+        if document["format"] != VECTORS_FORMAT:
+            raise _fail(name, f"format must be {VECTORS_FORMAT!r}, got {document['format']!r}")
         if document["encoding"] != INTENT_VERSION:
             raise _fail(name, f"encoding must be {INTENT_VERSION!r}, got {document['encoding']!r}")
         if document["category"] != category:
@@ -915,7 +915,7 @@ def _verify_manifest(root: Path, vectors: dict[str, list[dict[str, object]]]) ->
             )
 
 
-def verify(directory: str | os.PathLike[str]) -> VerifyReport:
+def verify_vectors(directory: str | os.PathLike[str]) -> VerifyReport:
     """Re-derive every vector in ``directory`` with the current code and check the MANIFEST.
 
     Encode cases are encoded, strictly decoded and re-encoded; intent cases

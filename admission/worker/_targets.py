@@ -10,39 +10,29 @@ latest status snapshots of confirmed records.
 :class:`SqliteTarget` is a separate SQLite database whose table has
 ``write_id`` UNIQUE, so a second write of one record can never hide: it is
 refused and counted (:meth:`SqliteTarget.duplicate_attempts`).
-:class:`FaultyTarget` wraps a target with the faults of contract §6.
+:class:`admission.testing.FaultyTarget` wraps a target with the faults of contract §6.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
-from admission.encoding import canonical_decode, canonical_encode
-from admission.errors import BeforeWriteError, InvalidRecordError, TargetTimeoutError
+from admission.intent._encoding import canonical_decode, canonical_encode
 
 __all__ = [
-    "CRASH_EXIT_CODE",
-    "FAULTS",
     "DuplicateWriteError",
-    "FaultyTarget",
     "Readback",
     "SqliteTarget",
     "StatusRead",
     "Target",
     "TargetRecord",
 ]
-
-CRASH_EXIT_CODE: Final = 73
-"""The exit code of the ``crash-after-write`` fault (worker contract §6)."""
-
-FAULTS: Final = ("outage", "timeout", "crash-after-write")
-"""The faults a :class:`FaultyTarget` injects."""
 
 ReadKind = Literal["found", "missing", "unknown"]
 
@@ -218,38 +208,3 @@ class SqliteTarget:
         """How many writes reached the target for a ``write_id`` it already held."""
         with self._connect() as conn:
             return int(conn.execute("SELECT count(*) FROM duplicate_attempts").fetchone()[0])
-
-
-class FaultyTarget:
-    """A target with one injected fault (worker contract §6).
-
-    ``outage``: every write raises BeforeWriteError before dispatch.
-    ``timeout``: the write lands, then the call reports a timeout.
-    ``crash-after-write``: the write lands and commits, then the process exits
-    with code 73 at once (``exit`` is a parameter so that tests in one process
-    can substitute another way to stop).
-    """
-
-    def __init__(self, inner: Target, fault: str, *, exit: Callable[[int], None] = os._exit) -> None:
-        if fault not in FAULTS:
-            raise InvalidRecordError(f"must be one of {', '.join(FAULTS)}, not {fault!r}", field="fault")
-        self.inner = inner
-        self.fault = fault
-        self._exit = exit
-
-    def write(self, record: TargetRecord) -> None:
-        """Write through the fault."""
-        if self.fault == "outage":
-            raise BeforeWriteError("injected outage: the request was not dispatched")
-        self.inner.write(record)
-        if self.fault == "timeout":
-            raise TargetTimeoutError("injected timeout: the target did not answer")
-        self._exit(CRASH_EXIT_CODE)
-
-    def read_back(self, write_id: str) -> Readback:
-        """Readback is not faulted: reconciliation uses the trusted adapter."""
-        return self.inner.read_back(write_id)
-
-    def observe_status(self, write_ids: Sequence[str]) -> list[StatusRead]:
-        """Observation is not faulted."""
-        return self.inner.observe_status(write_ids)

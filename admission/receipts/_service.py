@@ -4,7 +4,7 @@ Every method validates its input before it opens a transaction (bad input
 raises a typed error and writes nothing), then does all of its reading and
 deciding for one workflow instance under the admission lock, so concurrent
 first-time requests with one key admit exactly one command.  The decisions
-are the pure tables of :mod:`admission.outcomes`; this module only gathers
+are the pure tables of :mod:`admission.receipts._rules`; this module only gathers
 their inputs and writes their results.
 
 Time and identifiers are parameters (``clock``, ``new_id``), so tests and
@@ -19,14 +19,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from admission.encoding import (
-    DEFAULT_MAX_SIZE,
-    INTENT_VERSION,
-    Value,
-    canonical_decode,
-    canonical_encode,
-    encode_intent,
-)
 from admission.errors import (
     AdmissionError,
     InvalidValueError,
@@ -34,8 +26,16 @@ from admission.errors import (
     UnknownCommandError,
     UnknownUpdateError,
 )
-from admission.keys import receipt_token, validate_request_id
-from admission.outcomes import (
+from admission.intent._encoding import (
+    DEFAULT_MAX_SIZE,
+    INTENT_VERSION,
+    Value,
+    canonical_decode,
+    canonical_encode,
+    encode_intent,
+)
+from admission.intent._keys import receipt_token, validate_request_id
+from admission.receipts._rules import (
     CLOSE_EVENTS,
     RUN_TRANSITIONS,
     SIGNAL_TRANSITIONS,
@@ -52,7 +52,7 @@ from admission.outcomes import (
     judge_target,
     select_receipt,
 )
-from admission.store import (
+from admission.receipts._store import (
     CommandRow,
     EventRow,
     LockedInstance,
@@ -379,9 +379,15 @@ class AdmissionService:
             for command, update in pending:
                 if closing_event(command.target_scope, continue_as_new) == "run_closed":
                     self._close_pending(tx, command, update, current.id, now)
-            closed = replace(current, status=RUN_TRANSITIONS[("open", CLOSE_EVENTS[status])], closed_at=now)
+            closing = CLOSE_EVENTS[status]
+            closed = replace(
+                current,
+                status=RUN_TRANSITIONS.next_state(current.status, closing, subject=current.id),
+                closed_at=now,
+            )
             tx.save_run(closed)
-            self._event(tx, closed.id, "RunClosed", now, {"status": closed.status})
+            # str(): the status is a RunStatus, and the canonical encoding takes exact types only.
+            self._event(tx, closed.id, "RunClosed", now, {"status": str(closed.status)})
             if successor is None:
                 return self._run_info(tx, closed)
             tx.insert_run(successor)
@@ -420,7 +426,7 @@ class AdmissionService:
             tx.save_command(
                 replace(
                     command,
-                    status=SIGNAL_TRANSITIONS[(command.status, "run_closed")],
+                    status=SIGNAL_TRANSITIONS.next_state(command.status, "run_closed", subject=run_id),
                     rejection_reason=reason,
                 )
             )
@@ -430,7 +436,7 @@ class AdmissionService:
         tx.save_update(
             replace(
                 update,
-                status=UPDATE_TRANSITIONS[(update.status, "run_closed")],
+                status=UPDATE_TRANSITIONS.next_state(update.status, "run_closed", subject=run_id),
                 failure=reason,
                 completed_at=now,
             )
@@ -501,7 +507,9 @@ class AdmissionService:
                     reason=f"signal_{command.status}",
                     run_id=command.run_id,
                 )
-            applied = replace(command, status=SIGNAL_TRANSITIONS[(command.status, "apply")])
+            applied = replace(
+                command, status=SIGNAL_TRANSITIONS.next_state(command.status, "apply", subject=current.id)
+            )
             tx.save_command(applied)
             self._event(
                 tx,

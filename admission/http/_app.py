@@ -45,8 +45,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from admission import __version__
-from admission.codecs import Codec, decode_envelope, default_codecs
-from admission.encoding import Value
 from admission.errors import (
     AdmissionError,
     InvalidCommandTypeError,
@@ -55,9 +53,11 @@ from admission.errors import (
     ReservedRequestIdError,
     StorageError,
 )
-from admission.keys import normalize_request_id
-from admission.outcomes import Admission, Decision
-from admission.service import AdmissionService
+from admission.http._codecs import Codec, decode_envelope, default_codecs
+from admission.intent._encoding import Value
+from admission.intent._keys import normalize_request_id
+from admission.receipts._rules import Admission, Decision
+from admission.receipts._service import AdmissionService
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -326,7 +326,7 @@ def create_app(
     """The ASGI app over ``service``.
 
     ``codecs`` maps codec names to the codecs this server accepts (default
-    ``json`` and ``cbor``; add an :class:`~admission.codecs.AesGcmCodec` with
+    ``json`` and ``cbor``; add an :class:`~admission.http._codecs.AesGcmCodec` with
     the application's key to accept encrypted input).  An update waiting for
     completion re-reads its receipt every ``poll_interval_seconds`` of
     ``clock`` (a monotonic clock, a parameter so tests control it).

@@ -1,8 +1,8 @@
 """The job lifecycle as one table, and the pure decisions around it (worker contract §4).
 
 ``JOB_TRANSITIONS[(state, event)] -> state`` holds every state change a job
-can make; the store (``admission.jobs``) applies an event only through
-``next_state``, which refuses any pair not in the table.  The rules:
+can make; the job service applies an event only through
+``JOB_TRANSITIONS.next_state``, which refuses any pair not in the table.  The rules:
 
 * A job starts ``queued`` when every job it depends on has ``completed``,
   otherwise ``blocked`` (``initial_state``).  ``blocked`` is left only by
@@ -41,105 +41,106 @@ Pure: no I/O, no clock, no SQLAlchemy.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from admission._table import StateTable
 from admission.errors import JobStateError
 
 __all__ = [
-    "FINAL_STATES",
-    "JOB_EVENTS",
-    "JOB_STATES",
+    "FINAL_JOB_STATES",
     "JOB_TRANSITIONS",
-    "QUEUED_STATES",
-    "WAITING_STATES",
+    "UNFINISHED_JOB_STATES",
+    "WAITING_JOB_STATES",
+    "JobState",
     "PublicationVerdict",
     "PublishedResult",
-    "diagram",
     "find_cycle",
     "initial_state",
+    "job_diagram",
     "judge_publication",
-    "next_state",
 ]
 
-JOB_STATES: Final = (
-    "queued",
-    "running",
-    "retry_wait",
-    "completed",
-    "failed",
-    "cancelled",
-    "recovery_required",
-    "blocked",
-)
-"""The job states of contract §4."""
 
-FINAL_STATES: Final = frozenset({"completed", "failed", "cancelled"})
+class JobState(enum.StrEnum):
+    """The job states of contract §4; the values are the stored strings."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RECOVERY_REQUIRED = "recovery_required"
+    BLOCKED = "blocked"
+
+
+FINAL_JOB_STATES: Final = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
 """States no event leaves."""
 
-WAITING_STATES: Final = frozenset({"queued", "retry_wait", "blocked"})
+WAITING_JOB_STATES: Final = frozenset({JobState.QUEUED, JobState.RETRY_WAIT, JobState.BLOCKED})
 """States of a job waiting to run: ``cancel`` and ``stop`` end them at once."""
 
-QUEUED_STATES: Final = frozenset(JOB_STATES) - FINAL_STATES
+UNFINISHED_JOB_STATES: Final = frozenset(JobState) - FINAL_JOB_STATES
 """States that count against a scope's queue bound: every job not yet final.  A retry or a
 reclaim moves a job between these states, so it never grows the count, and the bound holds
 exactly with only enqueues taking the scope's lock (docs/jobs.md)."""
 
-JOB_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
-    ("blocked", "unblock"): "queued",
-    ("blocked", "dependency_failed"): "failed",
-    ("blocked", "cancel"): "cancelled",
-    ("blocked", "stop"): "cancelled",
-    ("queued", "claim"): "running",
-    ("queued", "cancel"): "cancelled",
-    ("queued", "stop"): "cancelled",
-    ("retry_wait", "claim"): "running",
-    ("retry_wait", "cancel"): "cancelled",
-    ("retry_wait", "stop"): "cancelled",
-    ("running", "reclaim"): "running",
-    ("running", "complete"): "completed",
-    ("running", "recovered_after_publish"): "completed",
-    ("running", "inconsistent_publication"): "recovery_required",
-    ("running", "retryable_failure"): "retry_wait",
-    ("running", "attempts_exhausted"): "failed",
-    ("running", "fatal_failure"): "failed",
-    ("running", "cancelled_after_reconciliation"): "cancelled",
-    ("running", "stopped_before_restart"): "cancelled",
-    ("recovery_required", "resolve_completed"): "completed",
-    ("recovery_required", "resolve_failed"): "failed",
-}
-"""Every job state change: (state, event) -> state (module docstring states the rules)."""
 
-JOB_EVENTS: Final = tuple(sorted({event for _, event in JOB_TRANSITIONS}))
-"""Every event the table knows."""
+def _refuse(job_id: str, state: str, event: str) -> JobStateError:
+    return JobStateError(
+        f"job {job_id!r}: event {event!r} does not apply to a {state} job",
+        job_id=job_id,
+        state=state,
+        event=event,
+    )
 
 
-def next_state(state: str, event: str, *, job_id: str = "") -> str:
-    """The state ``event`` takes a job in ``state`` to; refuses a pair the table does not hold."""
-    try:
-        return JOB_TRANSITIONS[(state, event)]
-    except KeyError:
-        raise JobStateError(
-            f"job {job_id!r}: event {event!r} does not apply to a {state} job",
-            job_id=job_id,
-            state=state,
-            event=event,
-        ) from None
+_Q, _R, _W, _B = JobState.QUEUED, JobState.RUNNING, JobState.RETRY_WAIT, JobState.BLOCKED
+_C, _F, _X, _N = JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.RECOVERY_REQUIRED
+
+JOB_TRANSITIONS: Final = StateTable[JobState](
+    {
+        (_B, "unblock"): _Q,
+        (_B, "dependency_failed"): _F,
+        (_B, "cancel"): _X,
+        (_B, "stop"): _X,
+        (_Q, "claim"): _R,
+        (_Q, "cancel"): _X,
+        (_Q, "stop"): _X,
+        (_W, "claim"): _R,
+        (_W, "cancel"): _X,
+        (_W, "stop"): _X,
+        (_R, "reclaim"): _R,
+        (_R, "complete"): _C,
+        (_R, "recovered_after_publish"): _C,
+        (_R, "inconsistent_publication"): _N,
+        (_R, "retryable_failure"): _W,
+        (_R, "attempts_exhausted"): _F,
+        (_R, "fatal_failure"): _F,
+        (_R, "cancelled_after_reconciliation"): _X,
+        (_R, "stopped_before_restart"): _X,
+        (_N, "resolve_completed"): _C,
+        (_N, "resolve_failed"): _F,
+    },
+    refuse=_refuse,
+)
+"""Every job state change: (state, event) -> state (module docstring states the rules);
+``JOB_TRANSITIONS.next_state`` refuses any other pair with :class:`JobStateError`."""
 
 
-def initial_state(dependency_states: Sequence[str]) -> str:
+def initial_state(dependency_states: Sequence[str]) -> JobState:
     """``queued`` when every dependency has completed (or there is none), else ``blocked``."""
-    return "queued" if all(state == "completed" for state in dependency_states) else "blocked"
+    done = all(state == JobState.COMPLETED for state in dependency_states)
+    return JobState.QUEUED if done else JobState.BLOCKED
 
 
-def diagram() -> str:
+def job_diagram() -> str:
     """``JOB_TRANSITIONS`` as a Mermaid state diagram (``docs/jobs.md`` holds exactly this)."""
-    lines = ["```mermaid", "stateDiagram-v2", "    [*] --> queued", "    [*] --> blocked"]
-    lines += [f"    {before} --> {after}: {event}" for (before, event), after in JOB_TRANSITIONS.items()]
-    lines += [f"    {final} --> [*]" for final in sorted(FINAL_STATES)]
-    lines += ["```"]
-    return "\n".join(lines) + "\n"
+    lines = JOB_TRANSITIONS.mermaid([JobState.QUEUED, JobState.BLOCKED])
+    return "\n".join(["```mermaid", *lines, "```"]) + "\n"
 
 
 def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:

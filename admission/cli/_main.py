@@ -22,19 +22,11 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from admission import __version__
-from admission.codecs import parse_json_value
-from admission.encoding import (
-    INTENT_VERSION,
-    arguments_digest,
-    canonical_decode,
-    canonical_encode,
-    intent_digest,
-)
 from admission.errors import (
     AdmissionError,
     FencedError,
@@ -48,14 +40,22 @@ from admission.errors import (
     StorageError,
     WorkerLockedError,
 )
-from admission.keys import receipt_token, validate_request_id
-from admission.outcomes import Admission, Decision
+from admission.http._codecs import parse_json_value
+from admission.intent._encoding import (
+    INTENT_VERSION,
+    arguments_digest,
+    canonical_decode,
+    canonical_encode,
+    intent_digest,
+)
+from admission.intent._keys import receipt_token, validate_request_id
+from admission.receipts._rules import Admission, Decision
 
 if TYPE_CHECKING:
-    from admission.jobs import JobStore
-    from admission.service import AdmissionService
-    from admission.targets import Target
-    from admission.worker import DurableWorker
+    from admission.jobs._store import JobStore
+    from admission.receipts._service import AdmissionService
+    from admission.worker._targets import Target
+    from admission.worker._worker import DurableWorker
 
 __all__ = [
     "EXIT_AMBIGUOUS",
@@ -95,7 +95,7 @@ EXIT_OWNED = 11
 
 ENV_DB = "ADMISSION_DB"
 ENV_STOP_AT = "ADMISSION_WORKER_STOP_AT"
-"""Test hook: the worker pauses at this named point of a send (``admission.worker.CRASH_POINTS``)."""
+"""Test hook: the worker pauses at this named point of a send (``admission.testing.CRASH_POINTS``)."""
 ENV_STOP_MARKER = "ADMISSION_WORKER_STOP_MARKER"
 """Test hook: the file the paused worker creates, so a test knows when to kill it."""
 
@@ -155,12 +155,12 @@ def _cmd_intent(args: argparse.Namespace) -> int:
 
 
 def _cmd_vectors_verify(args: argparse.Namespace) -> int:
-    from admission.vectors import verify
+    from admission.intent._vectors import verify_vectors
 
     directory = Path(args.directory)
     if not directory.is_dir():
         raise _InputError("DIR", f"{directory} is not a directory")
-    report = verify(directory)
+    report = verify_vectors(directory)
     for line in report.failures:
         print(line, file=sys.stderr)
     _print_json(
@@ -179,7 +179,7 @@ def _cmd_vectors_verify(args: argparse.Namespace) -> int:
 
 
 def _db_url(args: argparse.Namespace) -> str:
-    from admission.sql import DEFAULT_URL
+    from admission.sql._receipts import DEFAULT_URL
 
     url: str = args.db or os.environ.get(ENV_DB) or DEFAULT_URL
     return url
@@ -187,8 +187,8 @@ def _db_url(args: argparse.Namespace) -> str:
 
 def _service(args: argparse.Namespace) -> AdmissionService:
     # Imported here so that commands without a database stay quick to start.
-    from admission.service import AdmissionService
-    from admission.sql import SqlStore
+    from admission.receipts._service import AdmissionService
+    from admission.sql._receipts import SqlStore
 
     return AdmissionService(SqlStore.open(_db_url(args)))
 
@@ -204,8 +204,8 @@ def _exit_for(answer: Admission) -> int:
 
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from admission.migrate import revision_of, upgrade
-    from admission.sql import create_admission_engine
+    from admission.sql._migrate import revision_of, upgrade
+    from admission.sql._receipts import create_admission_engine
 
     engine = create_admission_engine(_db_url(args))
     before = revision_of(engine)
@@ -216,8 +216,8 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_db_downgrade(args: argparse.Namespace) -> int:
-    from admission.migrate import downgrade, revision_of
-    from admission.sql import create_admission_engine
+    from admission.sql._migrate import downgrade, revision_of
+    from admission.sql._receipts import create_admission_engine
 
     engine = create_admission_engine(_db_url(args))
     before = revision_of(engine)
@@ -233,9 +233,9 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_db_check(args: argparse.Namespace) -> int:
-    from admission.migrate import revision_of
-    from admission.schema import HEAD_REVISION, check_revision
-    from admission.sql import create_admission_engine
+    from admission.sql._migrate import revision_of
+    from admission.sql._receipts import create_admission_engine
+    from admission.sql._schema import HEAD_REVISION, check_revision
 
     engine = create_admission_engine(_db_url(args))
     revision = revision_of(engine)
@@ -312,7 +312,7 @@ def _cmd_history(args: argparse.Namespace) -> int:
 def _cmd_prune(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    from admission.service import PruneReport
+    from admission.receipts._service import PruneReport
 
     now = None
     if args.now is not None:
@@ -369,8 +369,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from admission.codecs import AesGcmCodec, CborCodec, Codec, JsonCodec, codecs_from
-        from admission.http import create_app
+        from admission.http._app import create_app
+        from admission.http._codecs import AesGcmCodec, CborCodec, Codec, JsonCodec, codecs_from
     except ImportError as exc:
         raise _InputError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
     if not 0 < args.port < 65536:
@@ -398,7 +398,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from admission.demo import run_demo
+    from admission.cli._demo import run_demo
 
     return run_demo(args.db, workers=args.workers)
 
@@ -410,7 +410,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _jobs(args: argparse.Namespace) -> JobStore:
-    from admission.jobs import JobStore
+    from admission.jobs._store import JobStore
 
     return JobStore.open(_db_url(args))
 
@@ -499,27 +499,20 @@ def _json_file(path: str | None, field: str) -> object:
     return parse_json_value(text, field)
 
 
-def _stop_hook(point: str) -> None:
+def _stop_hook() -> Callable[[str], None] | None:
     # Test hook (contract: shown by crashing): pause at the named point so a
-    # test can SIGKILL the process exactly there.
-    if os.environ.get(ENV_STOP_AT) != point:
-        return
-    import time
+    # test can SIGKILL the process exactly there, or let it go on late.
+    point = os.environ.get(ENV_STOP_AT)
+    if not point:
+        return None
+    from admission.testing import pause_at
 
-    # The test kills the process while it waits here, or deletes the marker
-    # to let it go on (a late write of a worker whose lease was taken).
-    marker = os.environ.get(ENV_STOP_MARKER)
-    if not marker:
-        while True:
-            time.sleep(60)
-    Path(marker).write_text(point, encoding="utf-8")
-    while Path(marker).exists():
-        time.sleep(0.02)
+    return pause_at(point, os.environ.get(ENV_STOP_MARKER) or None)
 
 
 def _worker(args: argparse.Namespace) -> DurableWorker:
-    from admission.sql import create_admission_engine
-    from admission.worker import DurableWorker, Scope
+    from admission.sql._receipts import create_admission_engine
+    from admission.worker._worker import DurableWorker, Scope
 
     scope = Scope.parse(_json_file(args.scope, "--scope"))
     return DurableWorker(
@@ -527,7 +520,7 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
         scope,
         queue=args.queue,
         lock_path=args.lock,
-        hook=_stop_hook,
+        hook=_stop_hook(),
         lease_ttl=args.lease_ttl,
         claim_wait=args.wait,
         send_batch=getattr(args, "send_batch", 1),
@@ -535,7 +528,8 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
 
 
 def _target(args: argparse.Namespace) -> Target:
-    from admission.targets import FaultyTarget, SqliteTarget
+    from admission.testing import FaultyTarget
+    from admission.worker._targets import SqliteTarget
 
     if args.target is None:
         raise _InputError("--target", "is required")
@@ -546,8 +540,8 @@ def _target(args: argparse.Namespace) -> Target:
 
 
 def _check_worker_schema(args: argparse.Namespace) -> None:
-    from admission.schema import check_revision
-    from admission.sql import create_admission_engine
+    from admission.sql._receipts import create_admission_engine
+    from admission.sql._schema import check_revision
 
     engine = create_admission_engine(_db_url(args))
     try:
@@ -653,7 +647,7 @@ def _cmd_worker_resolve(args: argparse.Namespace) -> int:
 
 
 def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from admission.targets import FAULTS
+    from admission.testing import FAULTS
 
     worker = commands.add_parser("worker", help="the durable outbox worker (docs/worker.md)")
     sub = worker.add_subparsers(dest="worker_command", required=True, metavar="WORKER_COMMAND")

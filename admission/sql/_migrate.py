@@ -14,7 +14,7 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine
 
 from admission.errors import SchemaRevisionError, StorageError
-from admission.schema import KNOWN_REVISIONS, current_revision
+from admission.sql._schema import KNOWN_REVISIONS, current_revision
 
 __all__ = ["alembic_config", "downgrade", "revision_of", "upgrade"]
 
@@ -22,7 +22,7 @@ __all__ = ["alembic_config", "downgrade", "revision_of", "upgrade"]
 def alembic_config(engine: Engine, *, x_arguments: dict[str, str] | None = None) -> Config:
     """An alembic configuration for admission's packaged migrations on ``engine``."""
     config = Config()
-    config.set_main_option("script_location", "admission:migrations")
+    config.set_main_option("script_location", "admission.sql:migrations")
     config.attributes["engine"] = engine
     if x_arguments:
         config.cmd_opts = _XArguments([f"{k}={v}" for k, v in x_arguments.items()])  # type: ignore[assignment]

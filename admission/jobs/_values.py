@@ -2,9 +2,9 @@
 
 What a caller enqueues (:class:`Job`), what the store answers
 (:class:`EnqueueResult`, :class:`ClaimResult`, :class:`JobView`,
-:class:`JobEvent`, :class:`Checkpoint`), what an owner holds (:class:`Lease`,
+:class:`JobEvent`, :class:`Checkpoint`), what an owner holds (:class:`JobLease`,
 :class:`Control`), the port to the target a result is published to
-(:class:`Publisher`), and the bounds.  ``admission.jobs`` re-exports them.
+(:class:`Publisher`), and the bounds.  ``admission.jobs._store`` re-exports them.
 
 Pure: no I/O, no clock, no SQLAlchemy.
 """
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal, Protocol
 
-from admission.encoding import Value, canonical_encode
 from admission.errors import AdmissionError, InvalidJobError
-from admission.job_states import PublishedResult
+from admission.intent._encoding import Value, canonical_encode
+from admission.jobs._states import PublishedResult
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -33,8 +33,8 @@ __all__ = [
     "EnqueueResult",
     "Job",
     "JobEvent",
+    "JobLease",
     "JobView",
-    "Lease",
     "Publisher",
     "bounded_diagnostic",
     "check_diagnostic",
@@ -115,7 +115,7 @@ class JobView:
 
 
 @dataclass(frozen=True)
-class Lease:
+class JobLease:
     """Ownership of one attempt of a job.  Every write of the owner carries ``fence``."""
 
     job_id: str
@@ -158,7 +158,7 @@ class ClaimResult:
     job_id: str
     state: str
     reason: str
-    lease: Lease | None = None
+    lease: JobLease | None = None
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,7 @@ class Publisher(Protocol):
 
     ``publish`` must make the result visible under ``job_id`` with the given
     ``attempt_id``; ``read_published`` returns every publication the target
-    holds for the job, so a second one shows (``admission.job_target`` is a
+    holds for the job, so a second one shows (``admission.jobs._target`` is a
     real local adapter).
 
     ``fence`` is the owner's fencing token (the runner always passes it).  The

@@ -35,10 +35,10 @@ import binascii
 import json
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, ClassVar, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
-from admission.encoding import DEFAULT_MAX_SIZE, Value, canonical_decode, canonical_encode
-from admission.errors import AdmissionError, InvalidValueError
+from admission.errors import AdmissionError, CodecError, InvalidValueError
+from admission.intent._encoding import DEFAULT_MAX_SIZE, Value, canonical_decode, canonical_encode
 
 __all__ = [
     "AES_GCM_NONCE_SIZE",
@@ -46,7 +46,6 @@ __all__ = [
     "BytesCodec",
     "CborCodec",
     "Codec",
-    "CodecError",
     "CodecRegistry",
     "JsonCodec",
     "codecs_from",
@@ -61,18 +60,6 @@ AES_GCM_NONCE_SIZE: Final = 12
 """The nonce length of the ``aes-gcm`` codec, in bytes (the size AES-GCM is defined for)."""
 
 _AES_GCM_AAD_PREFIX: Final = b"admission/aes-gcm/v1:"
-
-
-class CodecError(InvalidValueError):
-    """An envelope or its blob was refused: unknown codec, bad base64, not
-    canonical, not authentic.  ``codec`` names the codec (``None`` when the
-    envelope itself is malformed); ``field`` is ``"input"``."""
-
-    code: ClassVar[str] = "input_invalid"
-
-    def __init__(self, reason: str, *, codec: str | None, path: str = "") -> None:
-        super().__init__(reason, field="input", path=path)
-        self.codec = codec
 
 
 @runtime_checkable

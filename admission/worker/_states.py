@@ -1,7 +1,7 @@
 """The write state machine of the durable worker, as one table (worker contract §2, §5).
 
 Pure: no SQLAlchemy, no clock, no I/O.  The worker looks every transition
-up here and never decides a state on its own.
+up here (``WRITE_TRANSITIONS.next_state``) and never decides a state on its own.
 
 The rules the table encodes:
 
@@ -27,59 +27,70 @@ The rules the table encodes:
 
 from __future__ import annotations
 
+import enum
 from typing import Final
 
+from admission._table import StateTable
+from admission.errors import RecordStateError
+
 __all__ = [
-    "EVENTS",
-    "STATES",
-    "TERMINAL_STATES",
-    "WAITING_STATES",
+    "TERMINAL_WRITE_STATES",
+    "WAITING_WRITE_STATES",
     "WRITE_TRANSITIONS",
+    "WriteState",
     "after_before_write_error",
-    "diagram",
-    "next_state",
+    "write_diagram",
 ]
 
-PREPARED: Final = "prepared"
-IN_FLIGHT: Final = "in_flight"
-CONFIRMED: Final = "confirmed"
-FAILED_SAFE: Final = "failed_safe"
-UNCERTAIN: Final = "uncertain"
-CONFIRMED_THEN_MISSING: Final = "confirmed_then_missing"
 
-STATES: Final = (PREPARED, IN_FLIGHT, CONFIRMED, FAILED_SAFE, UNCERTAIN, CONFIRMED_THEN_MISSING)
-"""Every state a record can be in."""
+class WriteState(enum.StrEnum):
+    """Every state a worker record can be in; the values are the stored strings."""
 
-WAITING_STATES: Final = frozenset({PREPARED, IN_FLIGHT, UNCERTAIN})
+    PREPARED = "prepared"
+    IN_FLIGHT = "in_flight"
+    CONFIRMED = "confirmed"
+    FAILED_SAFE = "failed_safe"
+    UNCERTAIN = "uncertain"
+    CONFIRMED_THEN_MISSING = "confirmed_then_missing"
+
+
+WAITING_WRITE_STATES: Final = frozenset({WriteState.PREPARED, WriteState.IN_FLIGHT, WriteState.UNCERTAIN})
 """States that count against the queue bound: the record is not settled yet."""
 
-TERMINAL_STATES: Final = frozenset({CONFIRMED, FAILED_SAFE, CONFIRMED_THEN_MISSING})
+TERMINAL_WRITE_STATES: Final = frozenset(
+    {WriteState.CONFIRMED, WriteState.FAILED_SAFE, WriteState.CONFIRMED_THEN_MISSING}
+)
 """States no worker cycle changes (only observation moves ``confirmed``)."""
 
-WRITE_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
-    (PREPARED, "dispatch"): IN_FLIGHT,
-    (IN_FLIGHT, "acknowledged"): CONFIRMED,
-    (IN_FLIGHT, "before_write_error"): PREPARED,
-    (IN_FLIGHT, "attempts_exhausted"): FAILED_SAFE,
-    (IN_FLIGHT, "error"): UNCERTAIN,
-    (IN_FLIGHT, "timeout"): UNCERTAIN,
-    (IN_FLIGHT, "incomplete"): UNCERTAIN,
-    (IN_FLIGHT, "crash_found"): UNCERTAIN,
-    (UNCERTAIN, "readback_found"): CONFIRMED,
-    (UNCERTAIN, "resolve_confirm"): CONFIRMED,
-    (UNCERTAIN, "resolve_failed_safe"): FAILED_SAFE,
-    (UNCERTAIN, "resolve_release"): PREPARED,
-    (CONFIRMED, "observed_missing"): CONFIRMED_THEN_MISSING,
-}
-"""(state, event) -> next state.  A pair that is not here is not allowed."""
 
-EVENTS: Final = tuple(sorted({event for _, event in WRITE_TRANSITIONS}))
-"""Every event the table knows."""
+def _refuse(write_id: str, state: str, event: str) -> RecordStateError:
+    return RecordStateError(
+        f"record {write_id} is {state}; {event} is not allowed there", write_id=write_id or None, state=state
+    )
 
 
-def next_state(state: str, event: str) -> str | None:
-    """The state after ``event`` in ``state``, or ``None`` if the table does not allow it."""
-    return WRITE_TRANSITIONS.get((state, event))
+_P, _F, _C = WriteState.PREPARED, WriteState.IN_FLIGHT, WriteState.CONFIRMED
+_U, _S, _M = WriteState.UNCERTAIN, WriteState.FAILED_SAFE, WriteState.CONFIRMED_THEN_MISSING
+
+WRITE_TRANSITIONS: Final = StateTable[WriteState](
+    {
+        (_P, "dispatch"): _F,
+        (_F, "acknowledged"): _C,
+        (_F, "before_write_error"): _P,
+        (_F, "attempts_exhausted"): _S,
+        (_F, "error"): _U,
+        (_F, "timeout"): _U,
+        (_F, "incomplete"): _U,
+        (_F, "crash_found"): _U,
+        (_U, "readback_found"): _C,
+        (_U, "resolve_confirm"): _C,
+        (_U, "resolve_failed_safe"): _S,
+        (_U, "resolve_release"): _P,
+        (_C, "observed_missing"): _M,
+    },
+    refuse=_refuse,
+)
+"""(state, event) -> next state.  A pair that is not here is refused (:class:`RecordStateError`)."""
 
 
 def after_before_write_error(attempts: int, max_attempts: int) -> str:
@@ -87,9 +98,6 @@ def after_before_write_error(attempts: int, max_attempts: int) -> str:
     return "before_write_error" if attempts < max_attempts else "attempts_exhausted"
 
 
-def diagram() -> str:
+def write_diagram() -> str:
     """The table as a Mermaid state diagram (docs/worker.md embeds exactly this)."""
-    lines = ["stateDiagram-v2", f"    [*] --> {PREPARED}"]
-    for (source, event), target in WRITE_TRANSITIONS.items():
-        lines.append(f"    {source} --> {target}: {event}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(WRITE_TRANSITIONS.mermaid([WriteState.PREPARED])) + "\n"

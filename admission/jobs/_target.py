@@ -1,6 +1,6 @@
 """Where job results are published: a real local target (a SQLite database of its own) and an in-memory one.
 
-Both implement :class:`admission.jobs.Publisher`.  Neither deduplicates: every
+Both implement :class:`admission.jobs._store.Publisher`.  Neither deduplicates: every
 ``publish`` call appends a publication, so a second publication of a job is
 visible to ``read_published`` (and to the tests), never hidden.  The local
 target shares no transaction with the job database, which is exactly the
@@ -23,16 +23,15 @@ that read whenever it arrived before.
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 from admission.errors import JobFencedError, StorageError
-from admission.job_states import PublishedResult
+from admission.jobs._states import PublishedResult
 
-__all__ = ["LocalPublisher", "MemoryPublisher"]
+__all__ = ["LocalPublisher", "refused_publication"]
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS published_results (
@@ -50,7 +49,8 @@ CREATE TABLE IF NOT EXISTS publication_fences (
 """
 
 
-def _refused(job_id: str, fence: int, current: int, action: str) -> JobFencedError:
+def refused_publication(job_id: str, fence: int, current: int, action: str) -> JobFencedError:
+    """The refusal of a publication or fenced read that carries an older token than one seen."""
     return JobFencedError(
         f"the publication target refused to {action} job {job_id!r} with fencing token {fence}: "
         f"an owner with token {current} has been here since",
@@ -92,7 +92,7 @@ class LocalPublisher:
             return
         row = conn.execute("SELECT fence FROM publication_fences WHERE job_id = ?", (job_id,)).fetchone()
         if row is not None and int(row[0]) > fence:
-            raise _refused(job_id, fence, int(row[0]), action)
+            raise refused_publication(job_id, fence, int(row[0]), action)
         if row is None or int(row[0]) < fence:
             conn.execute(
                 "INSERT INTO publication_fences (job_id, fence) VALUES (?, ?)"
@@ -156,32 +156,3 @@ class LocalPublisher:
             return int(conn.execute("SELECT count(*) FROM published_results").fetchone()[0])
         finally:
             conn.close()
-
-
-class MemoryPublisher:
-    """The in-memory target: the same behaviour as :class:`LocalPublisher`, in a list."""
-
-    def __init__(self) -> None:
-        self.publications: list[PublishedResult] = []
-        self.fences: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def _fence(self, job_id: str, fence: int | None, action: str) -> None:
-        if fence is None:
-            return
-        current = self.fences.get(job_id)
-        if current is not None and current > fence:
-            raise _refused(job_id, fence, current, action)
-        self.fences[job_id] = fence
-
-    def publish(self, job_id: str, attempt_id: str, result: bytes, *, fence: int | None = None) -> None:
-        """Append one publication; with ``fence``, only if no newer owner was here."""
-        with self._lock:
-            self._fence(job_id, fence, "publish")
-            self.publications.append(PublishedResult(job_id, attempt_id, bytes(result)))
-
-    def read_published(self, job_id: str, *, fence: int | None = None) -> Sequence[PublishedResult]:
-        """Every publication of ``job_id``, oldest first (with ``fence``: raising the job's token)."""
-        with self._lock:
-            self._fence(job_id, fence, "read")
-            return [p for p in self.publications if p.job_id == job_id]

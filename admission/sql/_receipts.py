@@ -51,15 +51,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
 from admission.errors import AdmissionError, StorageError
-from admission.schema import (
-    check_revision,
-    workflow_commands,
-    workflow_history_events,
-    workflow_instances,
-    workflow_runs,
-    workflow_updates,
-)
-from admission.store import (
+from admission.receipts._store import (
     CommandRow,
     EventCursor,
     EventRow,
@@ -69,6 +61,14 @@ from admission.store import (
     PruneTarget,
     RunRow,
     UpdateRow,
+)
+from admission.sql._schema import (
+    check_revision,
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_runs,
+    workflow_updates,
 )
 
 __all__ = [
@@ -1015,7 +1015,7 @@ class _Writers:
 
 
 class SqlStore:
-    """The :class:`~admission.store.Store` on SQLite or PostgreSQL.
+    """The :class:`~admission.receipts._store.Store` on SQLite or PostgreSQL.
 
     Opening checks the schema revision and refuses anything but the head
     (contract §6): run ``admission db upgrade`` first.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from admission.schema import metadata
+from admission.sql._schema import metadata
 
 config = context.config
 

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from admission.encoding import canonical_encode
 from admission.errors import InvalidRecordError, InvalidValueError, ScopeMismatchError
+from admission.intent._encoding import canonical_encode
 
 __all__ = [
     "MAX_CONTENT",

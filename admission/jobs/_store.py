@@ -1,12 +1,12 @@
 """Durable jobs on SQLite or PostgreSQL: fenced claims, checkpoints, recovery (worker contract §4).
 
-The lifecycle is the table in ``admission.job_states``; this module applies it
+The lifecycle is the table in ``admission.jobs._states``; this module applies it
 to rows.  Every state change and every request (pause, stop, cancel, a
 recorded result) writes a ``worker_job_events`` row in the transaction that
 makes it.
 
 **Fencing** (contract §3).  A claim sets ``fence = fence + 1`` on the job row
-and hands the new value to the owner in its :class:`Lease`.  Every write of
+and hands the new value to the owner in its :class:`JobLease`.  Every write of
 the owner (``heartbeat``, ``checkpoint``, ``record_result``, ``complete``,
 ``fail``, ``recover``, ``cancel_running``) starts with one conditional
 ``UPDATE worker_jobs ... WHERE job_id = :id AND fence = :fence AND state =
@@ -36,7 +36,7 @@ hands the latest one to the next attempt, which resumes at the next step.
 (``record_result``: the publish intent, with its attempt id), then publishes
 it through a :class:`Publisher`, then acknowledges (``complete``).  A
 reclaimed job with a publish intent is never executed again: the next owner
-reads the target back and :func:`~admission.job_states.judge_publication`
+reads the target back and :func:`~admission.jobs._states.judge_publication`
 decides (``recover``).
 """
 
@@ -56,7 +56,6 @@ from sqlalchemy import Engine, case, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from admission.encoding import Value, canonical_decode, canonical_encode
 from admission.errors import (
     AdmissionError,
     InvalidJobError,
@@ -66,18 +65,20 @@ from admission.errors import (
     StorageError,
     UnknownJobError,
 )
-from admission.job_states import (
-    FINAL_STATES,
-    QUEUED_STATES,
-    WAITING_STATES,
+from admission.intent._encoding import Value, canonical_decode, canonical_encode
+from admission.jobs._states import (
+    FINAL_JOB_STATES,
+    JOB_TRANSITIONS,
+    UNFINISHED_JOB_STATES,
+    WAITING_JOB_STATES,
+    JobState,
     PublicationVerdict,
     PublishedResult,
     find_cycle,
     initial_state,
     judge_publication,
-    next_state,
 )
-from admission.job_values import (
+from admission.jobs._values import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_WAITING,
@@ -90,15 +91,16 @@ from admission.job_values import (
     EnqueueResult,
     Job,
     JobEvent,
+    JobLease,
     JobView,
-    Lease,
     Publisher,
     bounded_diagnostic,
     check_diagnostic,
     check_text,
     validate_job,
 )
-from admission.schema import (
+from admission.sql._receipts import as_utc, create_admission_engine, insert_or_ignore
+from admission.sql._schema import (
     check_revision,
     worker_job_attempts,
     worker_job_checkpoints,
@@ -107,7 +109,6 @@ from admission.schema import (
     worker_job_scopes,
     worker_jobs,
 )
-from admission.sql import as_utc, create_admission_engine, insert_or_ignore
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -120,9 +121,9 @@ __all__ = [
     "EnqueueResult",
     "Job",
     "JobEvent",
+    "JobLease",
     "JobStore",
     "JobView",
-    "Lease",
     "Publisher",
     "bounded_diagnostic",
     "validate_job",
@@ -277,9 +278,9 @@ class JobStore:
         *,
         values: Mapping[Any, Any] | None = None,
         detail: str | None = None,
-    ) -> str:
+    ) -> JobState:
         """Apply one table transition to a locked row, with its event row, in ``tx``."""
-        state = next_state(row["state"], event, job_id=row["job_id"])
+        state = JOB_TRANSITIONS.next_state(row["state"], event, subject=row["job_id"])
         changes = {"state": state, "reason": reason, "updated_at": tx.now, **(values or {})}
         if state != "running":
             changes.setdefault("owner", None)
@@ -342,7 +343,7 @@ class JobStore:
         job, a dependency that exists neither in the database nor in the
         batch, a dependency cycle (a self-cycle included).  Refused with
         :class:`JobQueueFullError`: a scope that would hold more than its
-        bound of unfinished jobs (``QUEUED_STATES``).  An id that exists is a ``duplicate`` (same
+        bound of unfinished jobs (``UNFINISHED_JOB_STATES``).  An id that exists is a ``duplicate`` (same
         canonical content) or a ``conflict`` (other content); a batch with a
         conflict writes nothing.
         """
@@ -441,7 +442,7 @@ class JobStore:
             waiting = tx.conn.execute(
                 select(func.count())
                 .select_from(worker_jobs)
-                .where(worker_jobs.c.scope == scope, worker_jobs.c.state.in_(sorted(QUEUED_STATES)))
+                .where(worker_jobs.c.scope == scope, worker_jobs.c.state.in_(sorted(UNFINISHED_JOB_STATES)))
             ).scalar_one()
             adding = sum(1 for job, _ in fresh.values() if job.scope == scope)
             if waiting + adding > self.max_waiting:
@@ -515,7 +516,7 @@ class JobStore:
         with self._write() as tx:
             row = self._locked_job(tx, job_id)
             state = row["state"]
-            if state in FINAL_STATES:
+            if state in FINAL_JOB_STATES:
                 return ClaimResult("final", job_id, state, row["reason"])
             if state in ("blocked", "recovery_required"):
                 return ClaimResult("not_claimable", job_id, state, state)
@@ -598,7 +599,7 @@ class JobStore:
                 )
             ).scalar_one()
             resume = canonical_decode(bytes(stored))
-        lease = Lease(
+        lease = JobLease(
             job_id=job_id,
             fence=fence,
             attempt_id=attempt_id,
@@ -648,7 +649,7 @@ class JobStore:
 
     # -- fenced writes of the owner --
 
-    def _fenced(self, tx: _Tx, lease: Lease, **values: Any) -> RowMapping:
+    def _fenced(self, tx: _Tx, lease: JobLease, **values: Any) -> RowMapping:
         """The conditional UPDATE every owner write starts with; zero rows -> JobFencedError."""
         result = tx.conn.execute(
             update(worker_jobs)
@@ -685,13 +686,13 @@ class JobStore:
             started + self.lease_seconds, bool(row["cancel_requested"]), bool(row["stop_requested"])
         )
 
-    def heartbeat(self, lease: Lease) -> Control:
+    def heartbeat(self, lease: JobLease) -> Control:
         """Renew the lease (a fenced write); the answer carries the new deadline and pending requests."""
         started = self.clock()
         with self._write() as tx:
             return self._control(self._fenced(tx, lease), started)
 
-    def checkpoint(self, lease: Lease, step: int, state: Value) -> Control:
+    def checkpoint(self, lease: JobLease, step: int, state: Value) -> Control:
         """Persist the state after ``step`` (the next step after the last one), immutable, under the fence.
 
         Also renews the lease.  The step must be exactly one past the last
@@ -727,7 +728,7 @@ class JobStore:
             )
             return self._control(row, started)
 
-    def record_result(self, lease: Lease, result: Value) -> bytes:
+    def record_result(self, lease: JobLease, result: Value) -> bytes:
         """Record the result before it is published (the publish intent); returns its canonical bytes."""
         try:
             encoded = canonical_encode(result, max_size=MAX_PAYLOAD_BYTES)
@@ -759,7 +760,7 @@ class JobStore:
             )
         return encoded
 
-    def complete(self, lease: Lease, *, reason: str = "completed") -> JobView:
+    def complete(self, lease: JobLease, *, reason: str = "completed") -> JobView:
         """Acknowledge the publication: the job is ``completed``.  Needs a recorded result."""
         with self._write() as tx:
             row = self._fenced(tx, lease)
@@ -775,7 +776,7 @@ class JobStore:
             view = self._view(tx.conn, lease.job_id)
         return view
 
-    def fail(self, lease: Lease, diagnostic: str | None, *, retryable: bool) -> JobView:
+    def fail(self, lease: JobLease, diagnostic: str | None, *, retryable: bool) -> JobView:
         """End the attempt as failed.
 
         Retryable: ``retry_wait`` while attempts remain, else ``failed``
@@ -803,7 +804,7 @@ class JobStore:
             view = self._view(tx.conn, lease.job_id)
         return view
 
-    def cancel_running(self, lease: Lease) -> JobView:
+    def cancel_running(self, lease: JobLease) -> JobView:
         """The owner saw a cancel request at a step boundary and stops: the job is ``cancelled``."""
         with self._write() as tx:
             row = self._fenced(tx, lease)
@@ -819,7 +820,7 @@ class JobStore:
             view = self._view(tx.conn, lease.job_id)
         return view
 
-    def recover(self, lease: Lease, published: Sequence[PublishedResult]) -> PublicationVerdict:
+    def recover(self, lease: JobLease, published: Sequence[PublishedResult]) -> PublicationVerdict:
         """Judge what the target holds for a job whose result was recorded (contract §4).
 
         ``consistent``: ``completed`` (``recovered_after_publish``), nothing
@@ -858,7 +859,7 @@ class JobStore:
     def _mark(self, job_id: str, flag: str, value: bool, event: str) -> JobView:
         with self._write() as tx:
             row = self._locked_job(tx, job_id)
-            if row["state"] not in FINAL_STATES and bool(row[flag]) != value:
+            if row["state"] not in FINAL_JOB_STATES and bool(row[flag]) != value:
                 tx.conn.execute(
                     update(worker_jobs)
                     .where(worker_jobs.c.job_id == job_id)
@@ -888,7 +889,7 @@ class JobStore:
     def _request(self, job_id: str, event: str, reason: str, flag: str) -> JobView:
         with self._write() as tx:
             row = self._locked_job(tx, job_id)
-            if row["state"] in WAITING_STATES:
+            if row["state"] in WAITING_JOB_STATES:
                 self._transition(tx, row, event, reason)
             elif row["state"] == "running" and not row[flag]:
                 tx.conn.execute(

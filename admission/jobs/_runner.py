@@ -26,7 +26,7 @@ at a step boundary stops the job there.  The runner never publishes after its
 own lease deadline (monotonic clock): it stops and lets the next owner recover;
 an owner paused past that check is stopped by the target, which refuses a
 publication carrying an older fencing token than one it has seen
-(:class:`~admission.jobs.Publisher`).
+(:class:`~admission.jobs._store.Publisher`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from admission.encoding import Value
 from admission.errors import AdmissionError, InvalidJobError, JobFencedError, RetryableJobError
-from admission.jobs import JobStore, JobView, Lease, Publisher, bounded_diagnostic
+from admission.intent._encoding import Value
+from admission.jobs._store import JobLease, JobStore, JobView, Publisher, bounded_diagnostic
 
 __all__ = ["Continue", "Finish", "JobRunner", "RunReport", "StepHandler"]
 
@@ -92,7 +92,7 @@ class _Renewal:
 
 
 class JobRunner:
-    """Claims and runs jobs of a :class:`~admission.jobs.JobStore`, publishing through a ``Publisher``.
+    """Claims and runs jobs of a :class:`~admission.jobs._store.JobStore`, publishing through a ``Publisher``.
 
     ``heartbeat_every``: seconds between lease renewals while a step runs
     (``"auto"``, the default: a third of the store's ``lease_seconds``;
@@ -128,7 +128,7 @@ class JobRunner:
         self.heartbeat_every: float | None = heartbeat_every
 
     @contextmanager
-    def _renewing(self, lease: Lease, deadline: float) -> Iterator[_Renewal]:
+    def _renewing(self, lease: JobLease, deadline: float) -> Iterator[_Renewal]:
         """Renew ``lease`` every ``heartbeat_every`` seconds until the block ends."""
         renewal = _Renewal(deadline)
         interval = self.heartbeat_every
@@ -169,7 +169,7 @@ class JobRunner:
             return None
         return self._own(claim.lease)
 
-    def _own(self, lease: Lease) -> RunReport:
+    def _own(self, lease: JobLease) -> RunReport:
         try:
             if lease.publish_result is not None:
                 return self._recover(lease)
@@ -181,7 +181,7 @@ class JobRunner:
     def _report(self, view: JobView, steps: list[int], published: bool) -> RunReport:
         return RunReport(view.job_id, view.state, view.state, view.reason, tuple(steps), published)
 
-    def _execute(self, lease: Lease) -> RunReport:
+    def _execute(self, lease: JobLease) -> RunReport:
         handler = self.handlers.get(lease.kind)
         if handler is None:
             view = self.store.fail(lease, f"no handler for job kind {lease.kind!r}", retryable=False)
@@ -223,7 +223,7 @@ class JobRunner:
         view = self.store.complete(lease)
         return self._report(view, steps, True)
 
-    def _recover(self, lease: Lease) -> RunReport:
+    def _recover(self, lease: JobLease) -> RunReport:
         assert lease.publish_result is not None and lease.publish_attempt_id is not None
         # The fenced read: from here on, an older owner's publication is refused by the target.
         verdict = self.store.recover(lease, self.publisher.read_published(lease.job_id, fence=lease.fence))

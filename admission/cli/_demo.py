@@ -13,11 +13,11 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from admission.migrate import upgrade
-from admission.outcomes import Admission
-from admission.schema import workflow_commands
-from admission.service import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
+from admission.receipts._rules import Admission
+from admission.receipts._service import AdmissionService
+from admission.sql._migrate import upgrade
+from admission.sql._receipts import SqlStore, create_admission_engine
+from admission.sql._schema import workflow_commands
 
 __all__ = ["run_demo"]
 
@@ -50,7 +50,7 @@ def _commands_for(store: SqlStore, token: str | None = None) -> int:
 
 def run_demo(db_url: str | None = None, *, workers: int = 8) -> int:
     """Play the demo on ``db_url`` (default: a new SQLite file in a temporary directory)."""
-    from admission.keys import receipt_token
+    from admission.intent._keys import receipt_token
 
     if db_url is None:
         db_url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='admission-demo-')) / 'demo.sqlite3'}"

@@ -1,0 +1,77 @@
+"""SQL persistence: the engine, the adapters of every port, the schema and its migrations.
+
+The only subpackage that names a dialect.  SQLite is the embedded default;
+PostgreSQL is the server.  Driver errors become admission errors at one
+boundary, keeping the cause.
+"""
+
+from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade
+from admission.sql._receipts import (
+    DEFAULT_URL,
+    BulkInsert,
+    BulkStatement,
+    SqlStore,
+    as_utc,
+    create_admission_engine,
+    insert_or_ignore,
+    normalize_url,
+)
+from admission.sql._schema import (
+    HEAD_REVISION,
+    KNOWN_REVISIONS,
+    check_revision,
+    current_revision,
+    metadata,
+    outbox_cursors,
+    worker_events,
+    worker_job_attempts,
+    worker_job_checkpoints,
+    worker_job_dependencies,
+    worker_job_events,
+    worker_job_scopes,
+    worker_jobs,
+    worker_leases,
+    worker_queues,
+    worker_records,
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_runs,
+    workflow_updates,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "HEAD_REVISION",
+    "KNOWN_REVISIONS",
+    "BulkInsert",
+    "BulkStatement",
+    "SqlStore",
+    "alembic_config",
+    "as_utc",
+    "check_revision",
+    "create_admission_engine",
+    "current_revision",
+    "downgrade",
+    "insert_or_ignore",
+    "metadata",
+    "normalize_url",
+    "outbox_cursors",
+    "revision_of",
+    "upgrade",
+    "worker_events",
+    "worker_job_attempts",
+    "worker_job_checkpoints",
+    "worker_job_dependencies",
+    "worker_job_events",
+    "worker_job_scopes",
+    "worker_jobs",
+    "worker_leases",
+    "worker_queues",
+    "worker_records",
+    "workflow_commands",
+    "workflow_history_events",
+    "workflow_instances",
+    "workflow_runs",
+    "workflow_updates",
+]
