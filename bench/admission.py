@@ -785,7 +785,7 @@ def main(argv: list[str] | None = None) -> int:
             server = None
             url = args.pg_url
             if url is None:
-                from tests.pgserver import PostgresServer
+                from tests.support.pgserver import PostgresServer
 
                 server = PostgresServer(settings=DURABLE).start()
                 url = server.create_database("admission_bench")

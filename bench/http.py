@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             pg = None
             url = args.pg_url
             if url is None:
-                from tests.pgserver import PostgresServer
+                from tests.support.pgserver import PostgresServer
 
                 pg = PostgresServer(settings=DURABLE).start()
                 url = pg.create_database("admission_bench_http")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from admission.receipts import MemoryStore, Store
-from tests.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
+from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
 
 # "ci" runs more examples than a developer's default run, derandomised so a
 # failure on CI reproduces; HYPOTHESIS_PROFILE picks another.

@@ -630,7 +630,7 @@ class _Raw:
     statement itself.  The SQL is the Core statement's own compilation, and
     every parameter goes through the bind processor of its type for this
     dialect, which is what SQLAlchemy applies itself: a row written here is
-    stored exactly as Core would store it (``tests/test_raw_statements.py``).
+    stored exactly as Core would store it (``tests/integration/test_raw_statements.py``).
     Rows come back as the driver returns them, for the converters above.
     Engine-level execution events do not see these statements.
     """

@@ -1,0 +1,871 @@
+"""The durable job store on every SQL backend (worker contract §3, §4; docs/jobs.md)."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+
+from admission.errors import (
+    InvalidJobError,
+    JobFencedError,
+    JobQueueFullError,
+    JobStateError,
+    RetryableJobError,
+    UnknownJobError,
+)
+from admission.intent import Value, canonical_encode
+from admission.jobs import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_WAITING,
+    JOB_TRANSITIONS,
+    MAX_DIAGNOSTIC_BYTES,
+    Continue,
+    Finish,
+    Job,
+    JobRunner,
+    JobStore,
+    LocalPublisher,
+    PublishedResult,
+    bounded_diagnostic,
+    find_cycle,
+)
+from admission.sql import HEAD_REVISION, downgrade, revision_of, worker_jobs
+from tests.support.jobkit import LEASE, Counting, ManualClock, counts, expire, open_jobs
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def jobs(db_url: str, clock: ManualClock) -> Iterator[JobStore]:
+    store = open_jobs(db_url, clock)
+    yield store
+    store.dispose()
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> LocalPublisher:
+    return LocalPublisher(tmp_path / "target.sqlite3")
+
+
+MARKS = {"enqueue", "paused", "resumed", "cancel_requested", "stop_requested", "result_recorded"}
+
+
+def job(job_id: str = "j1", steps: int = 3, **kw: object) -> Job:
+    return Job(job_id, kw.pop("scope", "tenant-a"), "count", {"steps": steps}, **kw)  # type: ignore[arg-type]
+
+
+def runner(store: JobStore, target: LocalPublisher, handler: Counting | None = None) -> JobRunner:
+    return JobRunner(store, target, {"count": handler or Counting()})
+
+
+# -- enqueue: duplicate, conflict, bounds, validation ---------------------------------------------------
+
+
+def test_same_content_is_a_duplicate_and_changed_content_a_conflict_that_writes_nothing(
+    jobs: JobStore,
+) -> None:
+    assert jobs.enqueue(job()).outcome == "enqueued"
+    before = counts(jobs.engine)
+    assert jobs.enqueue(job()).outcome == "duplicate"
+    for changed in (
+        job(steps=4),
+        job(max_attempts=5),
+        job(scope="tenant-b"),
+        Job("j1", "tenant-a", "other", {"steps": 3}),
+    ):
+        answer = jobs.enqueue(changed)
+        assert (answer.outcome, answer.state) == ("conflict", "queued")
+    assert counts(jobs.engine) == before
+    with jobs.engine.connect() as conn:
+        stored = conn.execute(select(worker_jobs.c.payload).where(worker_jobs.c.job_id == "j1")).scalar_one()
+    assert bytes(stored) == canonical_encode({"steps": 3})
+
+
+def test_dependency_order_does_not_change_the_canonical_content(jobs: JobStore) -> None:
+    jobs.enqueue_all([job("a"), job("b")])
+    assert jobs.enqueue(job("c", depends_on=("a", "b"))).outcome == "enqueued"
+    assert jobs.enqueue(job("c", depends_on=("b", "a"))).outcome == "duplicate"
+
+
+def test_a_batch_with_one_conflict_writes_nothing(jobs: JobStore) -> None:
+    jobs.enqueue(job("a"))
+    before = counts(jobs.engine)
+    answers = jobs.enqueue_all([job("new"), job("a", steps=9)])
+    assert [a.outcome for a in answers] == ["aborted", "conflict"]
+    assert counts(jobs.engine) == before
+    with pytest.raises(UnknownJobError):
+        jobs.status("new")
+
+
+def test_the_queue_is_bounded_at_128_waiting_jobs_per_scope_with_a_typed_refusal(jobs: JobStore) -> None:
+    assert DEFAULT_MAX_WAITING == 128
+    answers = jobs.enqueue_all([job(f"j{i}") for i in range(128)])
+    assert {a.outcome for a in answers} == {"enqueued"}
+    before = counts(jobs.engine)
+    with pytest.raises(JobQueueFullError) as refused:
+        jobs.enqueue(job("one-too-many"))
+    assert (refused.value.scope, refused.value.waiting, refused.value.limit) == ("tenant-a", 128, 128)
+    assert refused.value.code == "job_queue_full"
+    assert counts(jobs.engine) == before
+    # Another scope has its own bound; a duplicate of a waiting job is still answered.
+    assert jobs.enqueue(job("elsewhere", scope="tenant-b")).outcome == "enqueued"
+    assert jobs.enqueue(job("j0")).outcome == "duplicate"
+    # A job that leaves the waiting states makes room.
+    jobs.cancel("j0")
+    assert jobs.enqueue(job("one-too-many")).outcome == "enqueued"
+
+
+def test_a_batch_past_the_bound_is_refused_whole(db_url: str, clock: ManualClock) -> None:
+    store = open_jobs(db_url, clock, max_waiting=3)
+    try:
+        store.enqueue(job("a"))
+        before = counts(store.engine)
+        with pytest.raises(JobQueueFullError):
+            store.enqueue_all([job("b"), job("c"), job("d")])
+        assert counts(store.engine) == before
+        assert [a.outcome for a in store.enqueue_all([job("b"), job("c")])] == ["enqueued", "enqueued"]
+    finally:
+        store.dispose()
+
+
+def test_running_and_retrying_jobs_count_against_the_bound_so_a_retry_never_passes_it(
+    db_url: str, clock: ManualClock
+) -> None:
+    store = open_jobs(db_url, clock, max_waiting=2)
+    try:
+        store.enqueue_all([job("a"), job("b")])
+        lease = store.claim("a").lease
+        assert lease is not None
+        with pytest.raises(JobQueueFullError):
+            store.enqueue(job("c"))
+        store.fail(lease, "transient", retryable=True)
+        assert store.counts("tenant-a") == {"queued": 1, "retry_wait": 1}
+        with pytest.raises(JobQueueFullError) as refused:
+            store.enqueue(job("c"))
+        assert refused.value.waiting == 2
+        store.cancel("a")
+        assert store.enqueue(job("c")).outcome == "enqueued"
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (Job("", "s", "count"), "job_id"),
+        (Job("x" * 129, "s", "count"), "job_id"),
+        (Job("a\nb", "s", "count"), "job_id"),
+        (Job("a", "", "count"), "scope"),
+        (Job("a", "s", ""), "kind"),
+        (Job("a", "s", "count", max_attempts=0), "max_attempts"),
+        (Job("a", "s", "count", max_attempts=101), "max_attempts"),
+        (Job("a", "s", "count", max_attempts=True), "max_attempts"),
+        (Job("a", "s", "count", payload={1: 2}), "payload"),  # type: ignore[dict-item]
+        (Job("a", "s", "count", payload=object()), "payload"),  # type: ignore[arg-type]
+        (Job("a", "s", "count", depends_on=["b"]), "depends_on"),  # type: ignore[arg-type]
+        (Job("a", "s", "count", depends_on=("b", "b")), "depends_on"),
+        (Job("a", "s", "count", depends_on=("a",)), "depends_on"),
+    ],
+)
+def test_a_malformed_job_is_refused_naming_the_field_and_nothing_is_written(
+    jobs: JobStore, bad: Job, field: str
+) -> None:
+    before = counts(jobs.engine)
+    with pytest.raises(InvalidJobError) as refused:
+        jobs.enqueue(bad)
+    assert refused.value.field == field and refused.value.code == "job_invalid"
+    assert str(refused.value).startswith(f"{field}: ")
+    assert counts(jobs.engine) == before
+    assert pickle.loads(pickle.dumps(refused.value)).field == field
+
+
+def test_attempts_are_bounded_at_three_by_default(jobs: JobStore, target: LocalPublisher) -> None:
+    assert DEFAULT_MAX_ATTEMPTS == 3
+    jobs.enqueue(job())
+    handler = Counting(fail_at={})
+    run = runner(jobs, target, handler)
+    for attempt in range(1, 4):
+        handler.fail_at[1] = RetryableJobError(f"transient {attempt}")
+        report = run.run("j1")
+        assert report.state == ("retry_wait" if attempt < 3 else "failed")
+    view = jobs.status("j1")
+    assert (view.state, view.reason, view.attempts) == ("failed", "attempts_exhausted", 3)
+    assert view.diagnostic is not None and "transient 3" in view.diagnostic
+    assert run.run("j1").outcome == "final"
+    assert target.count() == 0
+
+
+def test_a_diagnostic_over_2_kib_is_refused_and_bounded_diagnostic_fits_visibly(jobs: JobStore) -> None:
+    jobs.enqueue(job())
+    lease = jobs.claim("j1").lease
+    assert lease is not None
+    before = counts(jobs.engine)
+    with pytest.raises(InvalidJobError) as refused:
+        jobs.fail(lease, "é" * (MAX_DIAGNOSTIC_BYTES // 2 + 1), retryable=True)
+    assert refused.value.field == "diagnostic"
+    with pytest.raises(InvalidJobError) as surrogate:
+        jobs.fail(lease, "broken \ud800 text", retryable=True)  # no database can store it
+    assert surrogate.value.field == "diagnostic" and "surrogate" in str(surrogate.value)
+    assert counts(jobs.engine) == before and jobs.status("j1").state == "running"
+    cut = bounded_diagnostic("é" * 5000)
+    assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES and cut.endswith("[truncated 10000 bytes]")
+    jobs.fail(lease, cut, retryable=True)
+    assert jobs.status("j1").diagnostic == cut
+
+
+# -- dependencies ---------------------------------------------------------------------------------------
+
+
+def test_a_dependency_must_exist(jobs: JobStore) -> None:
+    with pytest.raises(InvalidJobError, match="'ghost' does not exist") as refused:
+        jobs.enqueue(job("a", depends_on=("ghost",)))
+    assert refused.value.field == "depends_on"
+    assert counts(jobs.engine)["worker_jobs"] == 0
+
+
+@pytest.mark.parametrize("size", [2, 3, 7])
+def test_a_dependency_cycle_in_a_batch_is_refused_and_nothing_written(jobs: JobStore, size: int) -> None:
+    ring = [job(f"r{i}", depends_on=(f"r{(i + 1) % size}",)) for i in range(size)]
+    with pytest.raises(InvalidJobError, match="cycle r0 -> ") as refused:
+        jobs.enqueue_all([job("fine"), *ring])
+    assert refused.value.field == "depends_on"
+    assert counts(jobs.engine)["worker_jobs"] == 0
+
+
+def test_a_job_is_blocked_until_its_dependencies_completed(jobs: JobStore, target: LocalPublisher) -> None:
+    handler = Counting()
+    run = runner(jobs, target, handler)
+    answers = jobs.enqueue_all([job("c", depends_on=("a", "b")), job("a", steps=1), job("b", steps=1)])
+    assert [a.state for a in answers] == ["blocked", "queued", "queued"]
+    assert (jobs.claim("c").outcome, jobs.claim("c").reason) == ("not_claimable", "blocked")
+    assert run.run("a").state == "completed"
+    assert jobs.status("c").state == "blocked"
+    assert run.run("b").state == "completed"
+    view = jobs.status("c")
+    assert (view.state, view.reason, view.depends_on) == ("queued", "dependencies_completed", ("a", "b"))
+    assert run.run("c").state == "completed"
+    # A job enqueued after its dependency completed starts queued.
+    assert jobs.enqueue(job("d", depends_on=("c",))).state == "queued"
+
+
+def test_a_failed_dependency_fails_its_dependents_transitively(
+    jobs: JobStore, target: LocalPublisher
+) -> None:
+    jobs.enqueue_all([job("a"), job("b", depends_on=("a",)), job("c", depends_on=("b",))])
+    handler = Counting(fail_at={1: ValueError("broken")})
+    assert runner(jobs, target, handler).run("a").state == "failed"
+    for dependent in ("b", "c"):
+        view = jobs.status(dependent)
+        assert (view.state, view.reason) == ("failed", "dependency_failed")
+    # Enqueued after its dependency failed: it can never run.
+    assert jobs.status(jobs.enqueue(job("d", depends_on=("a",))).job_id).state == "failed"
+
+
+def test_claim_next_finds_a_waiting_job_behind_more_running_ones_than_it_scans(db_url: str) -> None:
+    import admission.jobs._store
+
+    store = open_jobs(db_url, max_waiting=200)
+    try:
+        running = admission.jobs._store._CLAIM_SCAN + 2
+        for i in range(running + 3):
+            store.enqueue(job(f"j{i:03d}"))
+        for i in range(running):  # the oldest ones hold live leases
+            assert store.claim(f"j{i:03d}").outcome == "claimed"
+        claimed = store.claim_next("tenant-a")
+        assert claimed is not None and claimed.lease is not None
+        assert claimed.job_id == f"j{running:03d}"  # the oldest waiting one
+    finally:
+        store.dispose()
+
+
+def test_a_dependent_enqueued_while_its_dependency_completes_is_never_left_blocked(db_url: str) -> None:
+    import threading
+    import time
+
+    from sqlalchemy import event
+
+    finishing, enqueuing = open_jobs(db_url), open_jobs(db_url)
+    try:
+        finishing.enqueue(job("a"))
+        lease = finishing.claim("a").lease
+        assert lease is not None
+        finishing.record_result(lease, {"sum": 6})
+        threads: list[threading.Thread] = []
+
+        def meanwhile(_c: object, _cur: object, statement: str, *_rest: object) -> None:
+            # The completion has just looked for blocked dependents (none yet):
+            # now another process enqueues one, before the completion commits.
+            if threads or "worker_job_dependencies" not in statement or "blocked" not in str(_rest):
+                return
+            dependent = job("b", depends_on=("a",), scope="tenant-b")  # another scope: another lock
+            thread = threading.Thread(target=lambda: enqueuing.enqueue(dependent))
+            threads.append(thread)
+            thread.start()
+            time.sleep(0.5)  # time for the enqueue to finish, unless it waits for this commit
+
+        event.listen(finishing.engine, "after_cursor_execute", meanwhile)
+        finishing.complete(lease)
+        event.remove(finishing.engine, "after_cursor_execute", meanwhile)
+        [thread] = threads
+        thread.join(30)
+        assert finishing.status("a").state == "completed"
+        assert finishing.status("b").state == "queued"  # its dependency succeeded: claimable
+    finally:
+        finishing.dispose()
+        enqueuing.dispose()
+
+
+# -- pause, stop, cancel ----------------------------------------------------------------------------
+
+
+def test_pause_stops_new_claims_until_resume(jobs: JobStore, target: LocalPublisher) -> None:
+    jobs.enqueue(job())
+    assert jobs.pause("j1").paused
+    assert (jobs.claim("j1").outcome, jobs.claim("j1").reason) == ("not_claimable", "paused")
+    assert jobs.claim_next("tenant-a") is None
+    assert jobs.status("j1").state == "queued"
+    jobs.resume("j1")
+    assert runner(jobs, target).run("j1").state == "completed"
+    assert [e.event for e in jobs.events("j1")][:3] == ["enqueue", "paused", "resumed"]
+
+
+def test_pause_also_stops_the_reclaim_of_an_expired_lease(jobs: JobStore, clock: ManualClock) -> None:
+    jobs.enqueue(job())
+    assert jobs.claim("j1").outcome == "claimed"
+    jobs.pause("j1")
+    clock.advance(LEASE * 5)
+    assert jobs.claim("j1").reason == "paused"
+
+
+@pytest.mark.parametrize("request_name", ["stop", "cancel"])
+def test_stop_and_cancel_end_a_waiting_job(jobs: JobStore, request_name: str) -> None:
+    jobs.enqueue_all([job("q"), job("b", depends_on=("q",))])
+    view = getattr(jobs, request_name)("b")
+    assert (view.state, view.reason) == ("cancelled", "stopped" if request_name == "stop" else "cancelled")
+    assert jobs.claim("b").outcome == "final"
+
+
+def test_stop_lets_a_running_attempt_finish_but_prevents_a_retry(
+    jobs: JobStore, target: LocalPublisher
+) -> None:
+    jobs.enqueue(job("done"))
+    jobs.enqueue(job("retry"))
+    for job_id, fail in (("done", None), ("retry", RetryableJobError("again"))):
+        lease = jobs.claim(job_id).lease
+        assert lease is not None
+        view = jobs.stop(job_id)
+        assert (view.state, view.stop_requested) == ("running", True)
+        if fail is None:
+            result = jobs.record_result(lease, {"sum": 6})
+            target.publish(job_id, lease.attempt_id, result)
+            assert jobs.complete(lease).state == "completed"
+        else:
+            view = jobs.fail(lease, "again", retryable=True)
+            assert (view.state, view.reason) == ("cancelled", "stopped")
+
+
+def test_cancel_marks_a_running_job_which_stops_at_its_next_step_boundary(
+    jobs: JobStore, target: LocalPublisher
+) -> None:
+    jobs.enqueue(job(steps=5))
+
+    class CancelAtTwo(Counting):
+        def __call__(self, payload, step, state):  # type: ignore[no-untyped-def]
+            if step == 2:
+                jobs.cancel("j1")
+            return super().__call__(payload, step, state)
+
+    handler = CancelAtTwo()
+    report = runner(jobs, target, handler).run("j1")
+    assert (report.state, report.reason, report.steps) == ("cancelled", "cancelled", (1, 2))
+    assert target.count() == 0
+    events = [(e.event, e.to_state) for e in jobs.events("j1")]
+    assert ("cancel_requested", "running") in events
+    assert events[-1] == ("cancelled_after_reconciliation", "cancelled")
+
+
+def test_a_crashed_cancelled_job_is_reconciled_by_the_next_owner_without_running(
+    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+) -> None:
+    jobs.enqueue(job())
+    assert jobs.claim("j1").outcome == "claimed"
+    jobs.cancel("j1")
+    expire(jobs, clock, "j1")
+    handler = Counting()
+    report = runner(jobs, target, handler).run("j1")
+    assert (report.outcome, report.state) == ("final", "cancelled")
+    assert handler.calls == [] and target.count() == 0
+
+
+# -- fencing -----------------------------------------------------------------------------------------
+
+
+def test_every_claim_takes_a_new_larger_fence(jobs: JobStore, clock: ManualClock) -> None:
+    jobs.enqueue(job(max_attempts=5))
+    fences = []
+    for _ in range(4):
+        lease = jobs.claim("j1").lease
+        assert lease is not None
+        fences.append(lease.fence)
+        expire(jobs, clock, "j1")
+    assert fences == sorted(set(fences)) and fences[0] == 1
+
+
+def test_a_live_lease_is_not_reclaimed_and_each_renewal_restarts_the_watch(
+    db_url: str, jobs: JobStore, clock: ManualClock
+) -> None:
+    other_clock = ManualClock()
+    other = open_jobs(db_url, other_clock)
+    try:
+        jobs.enqueue(job())
+        lease = jobs.claim("j1").lease
+        assert lease is not None
+        assert other.claim("j1").reason == "lease_live"
+        other_clock.advance(LEASE - 0.001)
+        assert other.claim("j1").reason == "lease_live"
+        jobs.heartbeat(lease)  # renewed: the other store must watch a whole lease again
+        other_clock.advance(LEASE - 0.001)
+        assert other.claim("j1").reason == "lease_live"
+        other_clock.advance(LEASE)
+        taken = other.claim("j1")
+        assert taken.outcome == "claimed" and taken.lease is not None
+        assert taken.lease.fence == lease.fence + 1
+    finally:
+        other.dispose()
+
+
+def test_a_stale_fence_is_refused_by_the_database_for_every_owner_write(
+    db_url: str, jobs: JobStore, clock: ManualClock
+) -> None:
+    # Two stores, two engines, two connections: two owners holding two tokens.
+    other_clock = ManualClock()
+    other = open_jobs(db_url, other_clock)
+    try:
+        jobs.enqueue(job())
+        old = jobs.claim("j1").lease
+        assert old is not None
+        jobs.checkpoint(old, 1, 1)
+        expire(other, other_clock, "j1")
+        new = other.claim("j1").lease
+        assert new is not None and new.fence > old.fence and new.resume_step == 1
+        before = counts(jobs.engine)
+        view = jobs.status("j1")
+        writes = [
+            lambda: jobs.heartbeat(old),
+            lambda: jobs.checkpoint(old, 2, 3),
+            lambda: jobs.record_result(old, {"sum": 6}),
+            lambda: jobs.fail(old, "late", retryable=True),
+            lambda: jobs.fail(old, "late", retryable=False),
+            lambda: jobs.recover(old, []),
+        ]
+        for write in writes:
+            with pytest.raises(JobFencedError) as refused:
+                write()
+            assert (refused.value.fence, refused.value.current_fence) == (old.fence, new.fence)
+            assert refused.value.code == "job_fenced"
+        assert counts(jobs.engine) == before and jobs.status("j1") == view
+        # The new owner's writes go through.
+        assert other.checkpoint(new, 2, 3).cancel_requested is False
+    finally:
+        other.dispose()
+
+
+def test_a_fence_is_refused_once_the_job_left_running(jobs: JobStore, target: LocalPublisher) -> None:
+    jobs.enqueue(job())
+    lease = jobs.claim("j1").lease
+    assert lease is not None
+    target.publish("j1", lease.attempt_id, jobs.record_result(lease, {"sum": 6}))
+    jobs.complete(lease)
+    with pytest.raises(JobFencedError) as refused:
+        jobs.complete(lease)
+    assert refused.value.state == "completed"
+
+
+# -- lease renewal while a step runs ---------------------------------------------------------------
+
+
+class _Watched:
+    """A step 2 that outlasts the lease several times over while another store watches the job.
+
+    Between observations it waits until the runner has renewed the lease
+    (``renewed()`` grew) or, without renewals, for a fixed real time.
+    """
+
+    def __init__(self, other: JobStore, other_clock: ManualClock, renewed: object) -> None:
+        self.other, self.other_clock, self.renewed = other, other_clock, renewed
+        self.claims: list[str] = []
+        self.calls: list[int] = []
+
+    def __call__(self, payload: Value, step: int, state: Value) -> Continue | Finish:
+        import time
+
+        self.calls.append(step)
+        if step == 2 and len(self.calls) == 2:
+            for _ in range(3):
+                before = self.renewed()  # type: ignore[operator]
+                answer = self.other.claim("j1")
+                self.claims.append(answer.outcome if answer.lease is None else "claimed")
+                if answer.lease is not None:
+                    break
+                self.other_clock.advance(LEASE + 1)  # a whole lease on the watcher's clock
+                give_up = time.monotonic() + (5 if before is not None else 0.3)
+                while time.monotonic() < give_up and (before is None or self.renewed() == before):  # type: ignore[operator]
+                    time.sleep(0.01)
+        total = (state if isinstance(state, int) else 0) + step
+        return Finish({"sum": total}) if step >= 3 else Continue(total)
+
+
+@pytest.mark.parametrize("renewing", [True, False])
+def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
+    db_url: str, jobs: JobStore, target: LocalPublisher, renewing: bool
+) -> None:
+    other_clock = ManualClock()
+    other = open_jobs(db_url, other_clock)
+    try:
+        jobs.enqueue(job())
+        beats = [0]
+        heartbeat = jobs.heartbeat
+
+        def counted(lease: object) -> object:
+            control = heartbeat(lease)  # type: ignore[arg-type]
+            beats[0] += 1
+            return control
+
+        jobs.heartbeat = counted  # type: ignore[method-assign, assignment]
+        handler = _Watched(other, other_clock, (lambda: beats[0]) if renewing else (lambda: None))
+        run = JobRunner(jobs, target, {"count": handler}, heartbeat_every=0.05 if renewing else None)
+        report = run.run("j1")
+        if renewing:
+            # The watcher saw the lease renewed each time: the job was never taken.
+            assert handler.claims == ["not_claimable"] * 3 and beats[0] >= 3
+            assert (report.state, report.steps) == ("completed", (1, 2, 3))
+            [only] = target.read_published("j1")
+            assert only.result == canonical_encode({"sum": 6})
+        else:
+            # Renewing only at checkpoints, the watcher takes the job over in the middle of step 2.
+            assert handler.claims == ["not_claimable", "claimed"] and beats[0] == 0
+            assert report.outcome == "fenced" and target.read_published("j1") == []
+    finally:
+        other.dispose()
+
+
+def test_a_renewal_that_fails_for_a_busy_database_is_tried_again_at_the_next_beat(
+    jobs: JobStore, target: LocalPublisher
+) -> None:
+    import threading
+
+    from admission.errors import StorageError
+
+    jobs.enqueue(job(steps=2))
+    calls: list[str] = []
+    renewed = threading.Event()
+    heartbeat = jobs.heartbeat
+
+    def flaky(lease: object) -> object:
+        if not calls:
+            calls.append("busy")
+            raise StorageError("the database is unavailable or busy: database is locked")
+        calls.append("renewed")
+        renewed.set()
+        return heartbeat(lease)  # type: ignore[arg-type]
+
+    jobs.heartbeat = flaky  # type: ignore[method-assign, assignment]
+
+    def step(payload: Value, number: int, state: Value) -> Continue | Finish:
+        if number == 1:
+            assert renewed.wait(5), calls  # the step outlives a failed beat and a good one
+            return Continue(1)
+        return Finish({"sum": 3})
+
+    report = JobRunner(jobs, target, {"count": step}, heartbeat_every=0.02).run("j1")
+    assert calls[:2] == ["busy", "renewed"]
+    assert (report.state, report.steps) == ("completed", (1, 2))
+
+
+def test_a_renewal_interval_must_be_shorter_than_the_lease(jobs: JobStore, target: LocalPublisher) -> None:
+    for bad in (0, -1, LEASE, LEASE * 2, True, "often"):
+        with pytest.raises(InvalidJobError) as refused:
+            JobRunner(jobs, target, {}, heartbeat_every=bad)  # type: ignore[arg-type]
+        assert refused.value.field == "heartbeat_every"
+    assert JobRunner(jobs, target, {}).heartbeat_every == LEASE / 3
+    assert JobRunner(jobs, target, {}, heartbeat_every=None).heartbeat_every is None
+
+
+# -- checkpoints and resume -------------------------------------------------------------------------
+
+
+def test_a_retry_resumes_from_the_step_after_the_last_checkpoint(
+    jobs: JobStore, target: LocalPublisher
+) -> None:
+    jobs.enqueue(job(steps=5))
+    handler = Counting(fail_at={4: RetryableJobError("flaky")})
+    run = runner(jobs, target, handler)
+    first = run.run("j1")
+    assert (first.state, first.steps) == ("retry_wait", (1, 2, 3))
+    second = run.run("j1")
+    assert (second.state, second.steps) == ("completed", (4, 5))
+    assert [step for step, _ in handler.calls] == [1, 2, 3, 4, 4, 5]
+    assert handler.calls[4] == (4, 6)  # resumed with the checkpointed state 1 + 2 + 3
+    [only] = target.read_published("j1")
+    assert only.result == canonical_encode({"sum": 15})
+    checkpoints = jobs.checkpoints("j1")
+    assert [(c.step, c.state) for c in checkpoints] == [(1, 1), (2, 3), (3, 6), (4, 10)]
+    assert checkpoints[2].fence < checkpoints[3].fence
+
+
+def test_checkpoints_are_immutable_and_in_order(jobs: JobStore) -> None:
+    jobs.enqueue(job())
+    lease = jobs.claim("j1").lease
+    assert lease is not None
+    jobs.checkpoint(lease, 1, "one")
+    before = counts(jobs.engine)
+    for step in (1, 3, 0):
+        with pytest.raises(InvalidJobError) as refused:
+            jobs.checkpoint(lease, step, "again")
+        assert refused.value.field == "step"
+    assert counts(jobs.engine) == before
+    assert [(c.step, c.state) for c in jobs.checkpoints("j1")] == [(1, "one")]
+
+
+# -- publication and recovery ------------------------------------------------------------------------
+
+
+def crash_after_publish(jobs: JobStore, target: LocalPublisher, result: object = None) -> str:
+    """Run the steps, record and publish the result, and 'crash' before the acknowledgement."""
+    lease = jobs.claim("j1").lease
+    assert lease is not None
+    for step, state in ((1, 1), (2, 3)):
+        jobs.checkpoint(lease, step, state)
+    recorded = jobs.record_result(lease, {"sum": 6})
+    target.publish("j1", lease.attempt_id, recorded if result is None else canonical_encode(result))
+    return lease.attempt_id
+
+
+def test_a_consistent_publication_is_recovered_without_re_execution(
+    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+) -> None:
+    jobs.enqueue(job())
+    attempt = crash_after_publish(jobs, target)
+    expire(jobs, clock, "j1")
+    handler = Counting()
+    report = runner(jobs, target, handler).run("j1")
+    assert (report.state, report.reason, report.steps, report.published) == (
+        "completed",
+        "recovered_after_publish",
+        (),
+        False,
+    )
+    assert handler.calls == []
+    assert [p.attempt_id for p in target.read_published("j1")] == [attempt]
+
+
+@pytest.mark.parametrize("tamper", ["other bytes", "second publication", "other attempt"])
+def test_an_inconsistent_publication_becomes_recovery_required_then_an_operator_resolves(
+    jobs: JobStore, clock: ManualClock, target: LocalPublisher, tamper: str
+) -> None:
+    jobs.enqueue(job())
+    if tamper == "other bytes":
+        crash_after_publish(jobs, target, result={"sum": 7})
+    else:
+        attempt = crash_after_publish(jobs, target)
+        other = attempt if tamper == "second publication" else "someone-else"
+        target.publish("j1", other, canonical_encode({"sum": 6}))
+    expire(jobs, clock, "j1")
+    handler = Counting()
+    report = runner(jobs, target, handler).run("j1")
+    assert (report.state, report.reason) == ("recovery_required", "inconsistent_publication")
+    assert handler.calls == []
+    assert jobs.claim("j1").reason == "recovery_required"
+    with pytest.raises(InvalidJobError) as refused:
+        jobs.resolve("j1", "completed", who="", why="checked")
+    assert refused.value.field == "who"
+    view = jobs.resolve("j1", "completed", who="ops@example", why="target checked by hand")
+    assert (view.state, view.reason) == ("completed", "resolved_completed")
+    assert jobs.events("j1")[-1].detail == "ops@example: target checked by hand"
+    with pytest.raises(JobStateError):
+        jobs.resolve("j1", "failed", who="ops@example", why="twice")
+
+
+def test_a_recorded_but_unpublished_result_is_published_once_with_the_same_ids(
+    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+) -> None:
+    jobs.enqueue(job())
+    lease = jobs.claim("j1").lease
+    assert lease is not None
+    jobs.record_result(lease, {"sum": 6})  # then a crash before publishing
+    expire(jobs, clock, "j1")
+    handler = Counting()
+    report = runner(jobs, target, handler).run("j1")
+    assert (report.state, report.reason, report.published) == ("completed", "published_on_replay", True)
+    assert handler.calls == []
+    assert target.read_published("j1") == [
+        PublishedResult("j1", lease.attempt_id, canonical_encode({"sum": 6}))
+    ]
+
+
+def test_a_duplicate_delivery_of_a_final_job_does_nothing(jobs: JobStore, target: LocalPublisher) -> None:
+    jobs.enqueue(job())
+    handler = Counting()
+    run = runner(jobs, target, handler)
+    assert run.run("j1").state == "completed"
+    calls, before = list(handler.calls), counts(jobs.engine)
+    for _ in range(3):
+        assert run.run("j1").outcome == "final"
+        assert jobs.claim("j1").outcome == "final"
+        assert jobs.enqueue(job()).outcome == "duplicate"
+        assert run.run_next("tenant-a") is None
+    assert handler.calls == calls and counts(jobs.engine) == before
+    assert target.count() == 1
+
+
+# -- the event log -----------------------------------------------------------------------------------
+
+
+def test_every_transition_is_an_event_of_the_table_written_with_the_state(
+    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+) -> None:
+    jobs.enqueue_all([job("a", max_attempts=4), job("b", depends_on=("a",))])
+    handler = Counting(fail_at={2: RetryableJobError("x")})
+    run = runner(jobs, target, handler)
+    run.run("a")
+    lease = jobs.claim("a").lease
+    assert lease is not None
+    expire(jobs, clock, "a")
+    run.run("a")
+    run.run("b")
+    for job_id in ("a", "b"):
+        events = jobs.events(job_id)
+        state = None
+        for event in events:
+            assert event.from_state == state, (job_id, event)
+            if event.from_state is not None and (event.from_state, event.event) in JOB_TRANSITIONS:
+                assert JOB_TRANSITIONS[(event.from_state, event.event)] == event.to_state
+            else:  # the enqueue, or a request that changes no state
+                assert event.event in MARKS and (
+                    event.event == "enqueue" or event.from_state == event.to_state
+                )
+            assert event.recorded_at.tzinfo is not None
+            state = event.to_state
+        assert state == jobs.status(job_id).state == "completed"
+    kinds = [e.event for e in jobs.events("a")]
+    assert kinds == [
+        "enqueue",
+        "claim",
+        "retryable_failure",
+        "claim",
+        "reclaim",
+        "result_recorded",
+        "complete",
+    ]
+
+
+def test_the_downgrade_of_0004_is_refused_while_jobs_exist(jobs: JobStore) -> None:
+    jobs.enqueue(job())
+    with pytest.raises(RuntimeError, match="refusing to downgrade"):
+        downgrade(jobs.engine, "0003")
+    assert revision_of(jobs.engine) == HEAD_REVISION
+
+
+# -- rules with a universal form, as properties -----------------------------------------------------------
+
+payloads = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def test_a_second_enqueue_is_a_duplicate_exactly_when_the_canonical_content_is_equal(jobs: JobStore) -> None:
+    ids = itertools.count()
+
+    @given(payloads, payloads, st.integers(1, 3), st.integers(1, 3))
+    @settings(max_examples=60, deadline=None)
+    def check(first: Value, second: Value, attempts_1: int, attempts_2: int) -> None:
+        job_id = f"p{next(ids)}"
+        a = Job(job_id, "props", "count", first, max_attempts=attempts_1)
+        b = Job(job_id, "props", "count", second, max_attempts=attempts_2)
+        jobs.enqueue(a)
+        jobs.cancel(job_id)  # keep the scope's queue free
+        same = canonical_encode(first) == canonical_encode(second) and attempts_1 == attempts_2
+        assert jobs.enqueue(b).outcome == ("duplicate" if same else "conflict")
+
+    check()
+
+
+def test_a_batch_is_refused_exactly_when_its_dependencies_have_a_cycle_and_then_writes_nothing(
+    jobs: JobStore,
+) -> None:
+    batches = itertools.count()
+
+    @given(
+        st.dictionaries(st.sampled_from("abcde"), st.lists(st.sampled_from("abcde"), unique=True, max_size=2))
+    )
+    @settings(max_examples=40, deadline=None)
+    def check(edges: dict[str, list[str]]) -> None:
+        prefix = f"b{next(batches)}-"
+        names = set(edges) | {d for ds in edges.values() for d in ds}
+        batch = [
+            Job(
+                prefix + n, f"scope-{prefix}", "count", depends_on=tuple(prefix + d for d in edges.get(n, []))
+            )
+            for n in sorted(names)
+        ]
+        cyclic = find_cycle(edges) is not None
+        before = counts(jobs.engine)
+        if cyclic:
+            with pytest.raises(InvalidJobError) as refused:
+                jobs.enqueue_all(batch)
+            assert refused.value.field == "depends_on"
+            assert counts(jobs.engine) == before
+        else:
+            answers = jobs.enqueue_all(batch)
+            assert {a.outcome for a in answers} <= {"enqueued"}
+            for answer, member in zip(answers, batch, strict=True):
+                assert answer.state == ("blocked" if member.depends_on else "queued")
+
+    check()
+
+
+@given(st.text(max_size=3000))
+@settings(max_examples=200)
+def test_bounded_diagnostic_always_fits_and_only_cuts_what_does_not(text: str) -> None:
+    cut = bounded_diagnostic(text)
+    assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES
+    fits = len(text.encode("utf-8", "replace")) <= MAX_DIAGNOSTIC_BYTES
+    if fits and text.encode("utf-8", "replace").decode() == text:
+        assert cut == text
+    elif not fits:
+        assert cut.endswith("bytes]") and "[truncated " in cut
+
+
+def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
+    errors = [
+        JobFencedError("m", job_id="j", fence=1, current_fence=2, state="running"),
+        JobQueueFullError("m", scope="s", waiting=128, limit=128),
+        JobStateError("m", job_id="j", state="completed", event="claim"),
+        UnknownJobError("m", job_id="j"),
+        InvalidJobError("too long", field="diagnostic", job_id="j"),
+        RetryableJobError("again"),
+    ]
+    codes = [e.code for e in errors]
+    assert codes == [
+        "job_fenced",
+        "job_queue_full",
+        "job_state",
+        "job_unknown",
+        "job_invalid",
+        "job_retryable",
+    ]
+    for error in errors:
+        again = pickle.loads(pickle.dumps(error))
+        assert type(again) is type(error) and vars(again) == vars(error) and str(again) == str(error)

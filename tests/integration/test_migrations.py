@@ -1,0 +1,120 @@
+"""Alembic owns the schema: revisions 0001 to 0004, shipped inside the package."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
+
+from admission.sql import (
+    HEAD_REVISION,
+    KNOWN_REVISIONS,
+    alembic_config,
+    create_admission_engine,
+    downgrade,
+    metadata,
+    revision_of,
+    upgrade,
+)
+from tests.support.backends import PostgresPool, database_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fresh_engine(backend: str, pool: PostgresPool, tmp_path: Path):  # type: ignore[no-untyped-def]
+    return create_admission_engine(database_url(backend, pool, tmp_path, migrated=False))
+
+
+def test_revisions_are_0001_to_0004_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
+    engine = create_admission_engine(f"sqlite:///{tmp_path / 'x.sqlite3'}")
+    script = ScriptDirectory.from_config(alembic_config(engine))
+    chain = [rev.revision for rev in reversed(list(script.walk_revisions()))]
+    assert chain == list(KNOWN_REVISIONS) == ["0001", "0002", "0003", "0004"]
+    assert script.get_current_head() == HEAD_REVISION
+
+
+def test_upgrade_head_equals_the_declared_tables(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    assert upgrade(engine) == HEAD_REVISION
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "compare_server_default": True}
+        )
+        assert compare_metadata(context, metadata) == []
+    engine.dispose()
+
+
+def test_0001_has_no_intent_columns_and_0002_adds_them_nullable(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    upgrade(engine, "0001")
+    with engine.connect() as conn:
+        columns = {c["name"]: c for c in inspect(conn).get_columns("workflow_commands")}
+    assert "request_id" in columns and columns["request_id"]["nullable"]
+    assert not {"intent_digest", "arguments_digest", "intent_encoding"} & columns.keys()
+    upgrade(engine)
+    with engine.connect() as conn:
+        columns = {c["name"]: c for c in inspect(conn).get_columns("workflow_commands")}
+    assert all(columns[c]["nullable"] for c in ("intent_digest", "arguments_digest", "intent_encoding"))
+    engine.dispose()
+
+
+def test_downgrade_is_refused_once_new_format_receipts_exist(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    from admission.receipts import AdmissionService
+    from admission.sql import SqlStore
+
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    upgrade(engine)
+    service = AdmissionService(SqlStore(engine))
+    service.start_run("ns", "wf")
+    service.admit_signal("ns", "wf", "go", [], request_id="k")
+    with pytest.raises(RuntimeError, match="refusing to downgrade"):
+        downgrade(engine, "0001")
+    assert revision_of(engine) == HEAD_REVISION
+    assert downgrade(engine, "0001", allow_unsafe=True) == "0001"
+    engine.dispose()
+
+
+def test_the_cli_upgrades_a_database(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.sqlite3'}"
+    for args, code in [(["db", "check"], 3), (["db", "upgrade"], 0), (["db", "check"], 0)]:
+        result = subprocess.run(
+            [sys.executable, "-m", "admission", "--db", url, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == code, result.stderr
+    assert HEAD_REVISION in result.stdout
+
+
+def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        timeout=600,
+    )
+    wheel = next(tmp_path.glob("admission-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in (
+        "admission/sql/migrations/env.py",
+        "admission/sql/migrations/script.py.mako",
+        "admission/sql/migrations/versions/0001_receipts.py",
+        "admission/sql/migrations/versions/0002_intent.py",
+        "admission/sql/migrations/versions/0003_worker.py",
+        "admission/sql/migrations/versions/0004_jobs.py",
+        "admission/py.typed",
+    ):
+        assert required in names, required
