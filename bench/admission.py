@@ -69,7 +69,7 @@ from sqlalchemy import Column, Index, MetaData, Table, UniqueConstraint  # noqa:
 from sqlalchemy.engine import make_url  # noqa: E402
 
 import admission  # noqa: E402
-import admission.sql._receipts  # noqa: E402
+import admission.sql  # noqa: E402
 from admission.receipts import (  # noqa: E402
     AdmissionService,
     Decision,
@@ -428,7 +428,7 @@ def wal_bytes(subject: Subject, fn: Callable[[], None], calls: int = 50) -> floa
 def count_statements(subject: Subject, fn: Callable[[], None], calls: int = 20) -> float:
     """SQL statements sent per call, through admission's engine or on the driver (BEGIN/COMMIT not counted).
 
-    The hot path runs its statements on the DBAPI cursor (``admission.sql._receipts._Raw``),
+    The hot path runs its statements on the DBAPI cursor (``admission.sql.RawStatement``),
     which the engine's events do not see, so those are counted at that class.
     """
     seen = 0
@@ -438,7 +438,7 @@ def count_statements(subject: Subject, fn: Callable[[], None], calls: int = 20) 
         if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT")):
             seen += 1
 
-    raw = admission.sql._receipts._Raw
+    raw = admission.sql.RawStatement
     originals = {"parameters": raw.parameters}  # called once per execution
 
     def counted(original: Callable[..., Any]) -> Callable[..., Any]:

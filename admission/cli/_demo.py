@@ -15,8 +15,8 @@ from sqlalchemy import func, select
 
 from admission.receipts._rules import Admission
 from admission.receipts._service import AdmissionService
+from admission.sql import SqlStore, create_admission_engine
 from admission.sql._migrate import upgrade
-from admission.sql._receipts import SqlStore, create_admission_engine
 from admission.sql._schema import workflow_commands
 
 __all__ = ["run_demo"]

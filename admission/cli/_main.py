@@ -179,7 +179,7 @@ def _cmd_vectors_verify(args: argparse.Namespace) -> int:
 
 
 def _db_url(args: argparse.Namespace) -> str:
-    from admission.sql._receipts import DEFAULT_URL
+    from admission.sql import DEFAULT_URL
 
     url: str = args.db or os.environ.get(ENV_DB) or DEFAULT_URL
     return url
@@ -188,7 +188,7 @@ def _db_url(args: argparse.Namespace) -> str:
 def _service(args: argparse.Namespace) -> AdmissionService:
     # Imported here so that commands without a database stay quick to start.
     from admission.receipts._service import AdmissionService
-    from admission.sql._receipts import SqlStore
+    from admission.sql import SqlStore
 
     return AdmissionService(SqlStore.open(_db_url(args)))
 
@@ -204,8 +204,8 @@ def _exit_for(answer: Admission) -> int:
 
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from admission.sql import create_admission_engine
     from admission.sql._migrate import revision_of, upgrade
-    from admission.sql._receipts import create_admission_engine
 
     engine = create_admission_engine(_db_url(args))
     before = revision_of(engine)
@@ -216,8 +216,8 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_db_downgrade(args: argparse.Namespace) -> int:
+    from admission.sql import create_admission_engine
     from admission.sql._migrate import downgrade, revision_of
-    from admission.sql._receipts import create_admission_engine
 
     engine = create_admission_engine(_db_url(args))
     before = revision_of(engine)
@@ -233,8 +233,8 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
 
 
 def _cmd_db_check(args: argparse.Namespace) -> int:
+    from admission.sql import create_admission_engine
     from admission.sql._migrate import revision_of
-    from admission.sql._receipts import create_admission_engine
     from admission.sql._schema import HEAD_REVISION, check_revision
 
     engine = create_admission_engine(_db_url(args))
@@ -511,7 +511,7 @@ def _stop_hook() -> Callable[[str], None] | None:
 
 
 def _worker(args: argparse.Namespace) -> DurableWorker:
-    from admission.sql._receipts import create_admission_engine
+    from admission.sql import create_admission_engine
     from admission.worker._worker import DurableWorker, Scope
 
     scope = Scope.parse(_json_file(args.scope, "--scope"))
@@ -540,7 +540,7 @@ def _target(args: argparse.Namespace) -> Target:
 
 
 def _check_worker_schema(args: argparse.Namespace) -> None:
-    from admission.sql._receipts import create_admission_engine
+    from admission.sql import create_admission_engine
     from admission.sql._schema import check_revision
 
     engine = create_admission_engine(_db_url(args))

@@ -47,14 +47,13 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from sqlalchemy import Engine, case, func, insert, select, update
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from admission.errors import (
     AdmissionError,
@@ -62,7 +61,6 @@ from admission.errors import (
     JobFencedError,
     JobQueueFullError,
     JobStateError,
-    StorageError,
     UnknownJobError,
 )
 from admission.intent._encoding import Value, canonical_decode, canonical_encode
@@ -99,7 +97,7 @@ from admission.jobs._values import (
     check_text,
     validate_job,
 )
-from admission.sql._receipts import as_utc, create_admission_engine, insert_or_ignore
+from admission.sql._engine import as_utc, create_admission_engine, insert_or_ignore, wrap_exceptions
 from admission.sql._schema import (
     check_revision,
     worker_job_attempts,
@@ -210,17 +208,8 @@ class JobStore:
 
     # -- transactions and the driver boundary --
 
-    @contextmanager
-    def _translate(self) -> Iterator[None]:
-        # The one place driver errors become admission errors, cause kept.
-        try:
-            yield
-        except IntegrityError as exc:
-            raise StorageError(f"the database refused a job write: {exc.orig}") from exc
-        except OperationalError as exc:
-            raise StorageError(f"the database is unavailable or busy: {exc.orig}") from exc
-        except DBAPIError as exc:
-            raise StorageError(f"the database refused a job operation: {exc.orig}") from exc
+    def _translate(self) -> AbstractContextManager[None]:
+        return wrap_exceptions(self.engine.dialect)
 
     @contextmanager
     def _write(self) -> Iterator[_Tx]:

@@ -5,17 +5,20 @@ PostgreSQL is the server.  Driver errors become admission errors at one
 boundary, keeping the cause.
 """
 
-from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade
-from admission.sql._receipts import (
+from admission.sql._connections import REPLAN_AFTER, WRITE_CONNECTIONS
+from admission.sql._engine import (
     DEFAULT_URL,
-    BulkInsert,
-    BulkStatement,
-    SqlStore,
+    SQLITE_BUSY_TIMEOUT_MS,
     as_utc,
+    constraint_name,
     create_admission_engine,
     insert_or_ignore,
     normalize_url,
+    wrap_exceptions,
 )
+from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade
+from admission.sql._raw import BulkInsert, BulkStatement, RawStatement
+from admission.sql._receipts import SqlStore
 from admission.sql._schema import (
     HEAD_REVISION,
     KNOWN_REVISIONS,
@@ -44,12 +47,17 @@ __all__ = [
     "DEFAULT_URL",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
+    "REPLAN_AFTER",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "WRITE_CONNECTIONS",
     "BulkInsert",
     "BulkStatement",
+    "RawStatement",
     "SqlStore",
     "alembic_config",
     "as_utc",
     "check_revision",
+    "constraint_name",
     "create_admission_engine",
     "current_revision",
     "downgrade",
@@ -74,4 +82,5 @@ __all__ = [
     "workflow_instances",
     "workflow_runs",
     "workflow_updates",
+    "wrap_exceptions",
 ]

@@ -25,7 +25,8 @@ from sqlalchemy.engine import Connection
 from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
 from admission.intent._encoding import canonical_decode, canonical_encode
 from admission.receipts._store import EventCursor, EventRow
-from admission.sql._receipts import SqlStore, insert_or_ignore
+from admission.sql import SqlStore
+from admission.sql._engine import insert_or_ignore
 from admission.sql._schema import outbox_cursors
 from admission.worker._worker import DurableWorker
 

@@ -32,7 +32,6 @@ from typing import Any, Final
 
 from sqlalchemy import Engine, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
 from admission.errors import (
     BeforeWriteError,
@@ -46,7 +45,8 @@ from admission.errors import (
     TargetTimeoutError,
 )
 from admission.intent._encoding import canonical_decode, canonical_encode
-from admission.sql._receipts import BulkInsert, BulkStatement, as_utc, insert_or_ignore
+from admission.sql._engine import as_utc, insert_or_ignore, wrap_exceptions
+from admission.sql._raw import BulkInsert, BulkStatement
 from admission.sql._schema import worker_events, worker_leases, worker_queues, worker_records
 from admission.worker._intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_text, validate_record
 from admission.worker._lease import QueueLease
@@ -143,7 +143,7 @@ def _no_hook(_point: str) -> None:
 class DurableWorker:
     """One queue of records for one scope, on a SQLAlchemy engine (SQLite or PostgreSQL).
 
-    ``engine`` must come from :func:`admission.sql._receipts.create_admission_engine` on a
+    ``engine`` must come from :func:`admission.sql.create_admission_engine` on a
     database at the head revision.  ``lock_path`` is the local file lock
     (default: next to a SQLite database; none on PostgreSQL, where the lease
     alone decides; ``file_lock=False`` turns it off).  ``now`` stamps rows; ``monotonic`` decides liveness.
@@ -235,22 +235,18 @@ class DurableWorker:
         with self._translate(), self.engine.connect() as conn, conn.begin():
             yield conn
 
-    @contextmanager
-    def _translate(self) -> Iterator[None]:
-        try:
-            yield
-        except DBAPIError as exc:
-            if _is_fence_refusal(exc):
-                token = self.lease.token if self.lease.token is not None else -1
-                raise FencedError(
-                    f"the database refused a write of queue {self.queue!r} with fencing token {token}: "
-                    "another worker has claimed the queue",
-                    queue=self.queue,
-                    token=token,
-                ) from exc
-            if isinstance(exc, (IntegrityError, OperationalError)):
-                raise StorageError(f"the database refused or failed a worker write: {exc.orig}") from exc
-            raise StorageError(f"the database failed: {exc.orig}") from exc
+    def _translate(self) -> AbstractContextManager[None]:
+        # The fencing trigger's refusal (worker_fence) means another owner claimed the queue.
+        return wrap_exceptions(self.engine.dialect, {"worker_fence": self._fenced})
+
+    def _fenced(self) -> FencedError:
+        token = self.lease.token if self.lease.token is not None else -1
+        return FencedError(
+            f"the database refused a write of queue {self.queue!r} with fencing token {token}: "
+            "another worker has claimed the queue",
+            queue=self.queue,
+            token=token,
+        )
 
     # -- the queue and its pinned scope (contract §1) -------------------------------------------
 
@@ -887,12 +883,3 @@ class DurableWorker:
 
 def _iso(value: datetime | str) -> str:
     return as_utc(value).isoformat()
-
-
-def _is_fence_refusal(exc: DBAPIError) -> bool:
-    # Matched by the trigger's constraint name on PostgreSQL; SQLite's RAISE
-    # carries only a message, which the trigger starts with the same name.
-    diag = getattr(exc.orig, "diag", None)
-    if diag is not None:
-        return getattr(diag, "constraint_name", None) == "worker_fence"
-    return str(exc.orig).startswith("worker_fence")

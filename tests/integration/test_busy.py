@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import admission.sql._receipts
+import admission.sql._engine
 from admission.errors import StorageError
 from admission.jobs import Job, JobStore
 from admission.receipts import AdmissionService
@@ -26,7 +26,7 @@ SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"
 @pytest.fixture
 def held(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, sqlite3.Connection]]:
     """A database at the head, and a connection that will hold its write lock."""
-    monkeypatch.setattr(admission.sql._receipts, "SQLITE_BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(admission.sql._engine, "SQLITE_BUSY_TIMEOUT_MS", 50)
     path = tmp_path / "busy.sqlite3"
     engine = create_admission_engine(f"sqlite:///{path}")
     upgrade(engine)

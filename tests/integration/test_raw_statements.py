@@ -1,6 +1,6 @@
 """The hot path's driver-level statements: stored exactly as Core stores, read back the same.
 
-``admission.sql._receipts`` runs its hot statements on the DBAPI cursor (``_Raw``) and
+``admission.sql`` runs its hot statements on the DBAPI cursor (``RawStatement``) and
 answers retries from a per-thread autocommit connection (``_Readers``).  These
 tests hold them to what SQLAlchemy Core would do: every column written raw is
 stored byte for byte like the same value written through Core, rows read raw
@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, insert, literal, select, text
 
-import admission.sql._receipts
+import admission.sql
+import admission.sql._connections
 from admission.errors import StorageError
 from admission.intent import receipt_token
 from admission.receipts import Admission, AdmissionService, CommandRow, Decision, EventRow
@@ -166,7 +167,7 @@ def test_receipts_read_on_the_driver_equal_what_core_reads(
             )
         for blob in ("context", "arguments"):
             core[blob] = None if core[blob] is None else bytes(core[blob])
-        core["created_at"] = admission.sql._receipts.as_utc(core["created_at"])
+        core["created_at"] = admission.sql.as_utc(core["created_at"])
         assert unlocked == CommandRow(**core)  # the read of a retry, on the driver
         with store.locked("raw", workflow, created_at=now, new_id="unused") as tx:
             (locked,) = tx.find_commands(kind, [token, key])
@@ -307,7 +308,7 @@ def first_instance(store: SqlStore, workflow: str) -> str:
 def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_closed(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(admission.sql._receipts, "REPLAN_AFTER", (3,))
+    monkeypatch.setattr(admission.sql._connections, "REPLAN_AFTER", (3,))
     store = SqlStore.open(db_url)
     try:
         service, workflow, _ = _new_instance(store)
@@ -333,7 +334,7 @@ def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_
 def test_write_connections_drop_their_prepared_statements_on_schedule_and_keep_answering_right(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(admission.sql._receipts, "REPLAN_AFTER", (7,))
+    monkeypatch.setattr(admission.sql._connections, "REPLAN_AFTER", (7,))
     store = SqlStore.open(db_url)
     try:
         service, workflow, _ = _new_instance(store)
@@ -345,7 +346,7 @@ def test_write_connections_drop_their_prepared_statements_on_schedule_and_keep_a
                 assert fresh.decision is Decision.FRESH
                 if store.postgres:
                     count = conn.exec_driver_sql("SELECT count(*) FROM pg_prepared_statements").scalar_one()
-                    uses = conn.connection.info[admission.sql._receipts._USES]
+                    uses = conn.connection.info[admission.sql._connections.USES]
                     key = (id(conn.connection.dbapi_connection), uses)
                     prepared[key] = int(count)
             again = service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
@@ -373,7 +374,7 @@ def test_bulk_inserted_rows_are_stored_exactly_as_core_stores_them(
     keys = ["queue", "write_id", "event_type", "from_state", "to_state", "reason", "actor", "fence"]
     keys.append("recorded_at")
     columns = [c for c in keys if c != "write_id"]
-    bulk = admission.sql._receipts.BulkInsert(worker_events, store.engine.dialect, keys)
+    bulk = admission.sql.BulkInsert(worker_events, store.engine.dialect, keys)
     try:
         row = dict(zip(["event_type", "from_state", "to_state", "reason"], texts, strict=True))
         row.update(queue="q", actor=actor, fence=fence, recorded_at=when)
@@ -388,14 +389,16 @@ def test_bulk_inserted_rows_are_stored_exactly_as_core_stores_them(
         store.dispose()
 
 
-def test_a_bulk_insert_the_database_refuses_is_a_storage_error_and_writes_nothing(db_url: str) -> None:
-    from admission.sql import worker_events
+def test_a_bulk_insert_the_database_refuses_is_a_storage_error_at_the_boundary_and_writes_nothing(
+    db_url: str,
+) -> None:
+    from admission.sql import worker_events, wrap_exceptions
 
     store = SqlStore.open(db_url)
     keys = ["queue", "write_id", "event_type"]
-    bulk = admission.sql._receipts.BulkInsert(worker_events, store.engine.dialect, keys)
+    bulk = admission.sql.BulkInsert(worker_events, store.engine.dialect, keys)
     try:
-        with pytest.raises(StorageError), store.engine.begin() as conn:
+        with pytest.raises(StorageError), wrap_exceptions(store.engine.dialect), store.engine.begin() as conn:
             # recorded_at is NOT NULL and not given: the driver refuses the batch.
             bulk.insert(conn, [{"queue": "q", "write_id": "w", "event_type": "x"}])
         with store.engine.connect() as conn:
@@ -422,7 +425,7 @@ def test_bulk_updated_rows_are_stored_exactly_as_core_stores_them(
         .values(state=bindparam("new_state"), updated_at=bindparam("now"), fence=bindparam("new_fence"))
         .values(attempts=records.attempts + 1)
     )
-    bulk = admission.sql._receipts.BulkStatement(statement, store.engine.dialect)
+    bulk = admission.sql.BulkStatement(statement, store.engine.dialect)
     ids = [f"w-{uuid.uuid4().hex[:20]}" for _ in range(3)]
     try:
         with store.engine.begin() as conn:
@@ -465,7 +468,7 @@ def test_a_bulk_statement_the_database_refuses_raises_as_core_and_writes_nothing
 
     store = SqlStore.open(db_url)
     when = datetime(2026, 1, 1, tzinfo=UTC)
-    bulk = admission.sql._receipts.BulkStatement(
+    bulk = admission.sql.BulkStatement(
         update(worker_queues).where(worker_queues.c.queue == bindparam("match")).values(scope=bindparam("s")),
         store.engine.dialect,
     )
@@ -547,7 +550,7 @@ def test_more_threads_than_kept_connections_all_admit_and_no_more_are_kept(db_ur
     store = SqlStore.open(db_url)
     try:
         service = AdmissionService(store)
-        workflows = [f"wf-{uuid.uuid4()}" for _ in range(admission.sql._receipts.WRITE_CONNECTIONS + 4)]
+        workflows = [f"wf-{uuid.uuid4()}" for _ in range(admission.sql.WRITE_CONNECTIONS + 4)]
         for workflow in workflows:
             service.start_run("raw", workflow)
         errors: list[BaseException] = []
@@ -569,7 +572,7 @@ def test_more_threads_than_kept_connections_all_admit_and_no_more_are_kept(db_ur
         assert errors == []
         assert decisions == [Decision.FRESH] * (10 * len(workflows))
         kept = store._writers._free  # type: ignore[attr-defined]
-        assert 1 <= len(kept) <= admission.sql._receipts.WRITE_CONNECTIONS
+        assert 1 <= len(kept) <= admission.sql.WRITE_CONNECTIONS
         assert store._writers._lent == 0  # type: ignore[attr-defined]
     finally:
         store.dispose()

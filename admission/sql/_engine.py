@@ -1,0 +1,193 @@
+"""The engine, its dialect helpers, and THE driver-error boundary.
+
+Every SQL adapter of admission (receipts, the durable worker, durable jobs)
+gets its engine from :func:`create_admission_engine` and wears
+:func:`wrap_exceptions` around every method that reaches the database: the
+one place where a driver's error becomes an admission error, with the
+driver's exception kept as the cause (after procrastinate's
+``wrap_exceptions``).  Constraints are matched by name (PostgreSQL reports
+it; on SQLite a UNIQUE failure names its columns, and admission's triggers
+begin their message with their constraint's name), never by free text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import Dialect, Engine, Table, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError
+
+from admission.errors import AdmissionError, StorageError
+
+__all__ = [
+    "DEFAULT_URL",
+    "SQLITE_BUSY_TIMEOUT_MS",
+    "WRITE_OPTION",
+    "as_utc",
+    "constraint_name",
+    "create_admission_engine",
+    "insert_or_ignore",
+    "is_postgresql",
+    "normalize_url",
+    "utc_or_none",
+    "wrap_exceptions",
+]
+
+DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
+"""The embedded default: a SQLite file in the working directory."""
+
+SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
+"""How long a SQLite writer waits for another's lock before it is refused as busy."""
+
+WRITE_OPTION: Final = "admission_write"
+"""The execution option that marks admission's own write transactions (``BEGIN IMMEDIATE`` on SQLite)."""
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` URLs and use the psycopg 3 driver for them."""
+    parsed = make_url(
+        url.replace("postgres://", "postgresql://", 1) if url.startswith("postgres://") else url
+    )
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def is_postgresql(dialect: Dialect) -> bool:
+    """Whether ``dialect`` is PostgreSQL (the server); otherwise it is SQLite (embedded)."""
+    return dialect.name == "postgresql"
+
+
+def create_admission_engine(url: str, **kwargs: Any) -> Engine:
+    """Create an engine configured as admission needs it.
+
+    SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
+    timeout, pooled connections, and admission's write transactions opened
+    with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
+    first read (a deferred transaction that upgrades to a write can fail
+    instead of waiting).  Other transactions on the engine begin deferred.
+    """
+    url = normalize_url(url)
+    if make_url(url).get_backend_name() != "sqlite":
+        kwargs.setdefault("pool_pre_ping", False)
+        return create_engine(url, **kwargs)
+    if make_url(url).database in (None, "", ":memory:"):
+        raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
+    kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+    engine = create_engine(url, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection: Any, _record: object) -> None:
+        # pysqlite would emit its own deferred BEGIN; admission emits its own.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        if conn.get_execution_options().get(WRITE_OPTION):
+            # Admission's own write transactions: on the driver, because
+            # SQLAlchemy's execution path costs several times the statement.
+            # SQLAlchemy does not wrap what a begin listener raises, so a busy
+            # timeout is wrapped here as SQLAlchemy wraps a statement's error:
+            # the boundary then sees the error it expects.
+            error = conn.dialect.loaded_dbapi.Error
+            try:
+                conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+            except error as exc:
+                raise DBAPIError.instance("BEGIN IMMEDIATE", (), exc, error) from exc
+        else:
+            conn.exec_driver_sql("BEGIN")
+
+    return engine
+
+
+def insert_or_ignore(
+    connection: Connection, table: Table, values: Mapping[str, Any], index_elements: Sequence[str]
+) -> int:
+    """``INSERT ... ON CONFLICT (index_elements) DO NOTHING``; returns the number of rows inserted."""
+    dialect_insert = postgresql.insert if is_postgresql(connection.dialect) else sqlite.insert
+    statement = dialect_insert(table).values(dict(values)).on_conflict_do_nothing(
+        index_elements=list(index_elements)
+    )
+    return int(connection.execute(statement).rowcount)
+
+
+def as_utc(value: datetime | str) -> datetime:
+    """A stored time as a timezone-aware UTC datetime.
+
+    SQLite hands back naive datetimes (text, when read through the driver
+    itself); they were written as UTC.
+    """
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utc_or_none(value: datetime | str | None) -> datetime | None:
+    """:func:`as_utc` of a time that may be missing."""
+    return None if value is None else as_utc(value)
+
+
+# -- the driver-error boundary ------------------------------------------------------------------------
+
+_SQLITE_UNIQUE: Final = re.compile(r"UNIQUE constraint failed: (.+)$")
+_SQLITE_NAMED: Final = re.compile(r"^([a-z][a-z0-9_]*): ")
+
+
+def constraint_name(error: BaseException) -> str:
+    """The name of the constraint a driver's error reports: PostgreSQL names it; SQLite names
+    a UNIQUE failure's columns, and admission's triggers start their message with their name."""
+    diag = getattr(error, "diag", None)
+    name = getattr(diag, "constraint_name", None)
+    if name:
+        return str(name)
+    text = str(error)
+    match = _SQLITE_UNIQUE.search(text) or _SQLITE_NAMED.match(text)
+    return match.group(1) if match else "unknown"
+
+
+Refusals = Mapping[str, Callable[[], AdmissionError]]
+"""Constraint name -> the admission error a refusal by that constraint means."""
+
+
+@contextmanager
+def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Iterator[None]:
+    """Translate every driver error raised in the block into an admission error, keeping the cause.
+
+    A refusal by a constraint named in ``refusals`` becomes that error (the
+    fencing trigger's ``worker_fence`` becomes :class:`FencedError`); any
+    other integrity failure, an unavailable or busy database, and every other
+    driver error become :class:`StorageError`, which callers may retry.
+    Errors raised through SQLAlchemy and errors raised by the driver itself
+    (statements run on a DBAPI cursor) are translated alike; admission's own
+    errors pass through unchanged.
+    """
+    dbapi = dialect.loaded_dbapi
+    try:
+        yield
+    except DBAPIError as exc:
+        raise _translate(exc.orig or exc, dbapi, refusals) from exc
+    except dbapi.Error as exc:
+        raise _translate(exc, dbapi, refusals) from exc
+
+
+def _translate(error: BaseException, dbapi: Any, refusals: Refusals | None) -> AdmissionError:
+    name = constraint_name(error)
+    if refusals and name in refusals:
+        return refusals[name]()
+    if isinstance(error, dbapi.IntegrityError):
+        return StorageError(f"the database refused a write ({name})", constraint=name)
+    if isinstance(error, dbapi.OperationalError):
+        return StorageError(f"the database is unavailable or busy: {error}")
+    return StorageError(f"the database refused an operation: {error}")

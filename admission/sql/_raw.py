@@ -1,0 +1,187 @@
+"""Core statements run on the driver: compiled once, stored exactly as Core would store them.
+
+For the hot paths (an admission, a batch of worker transitions), where
+SQLAlchemy's per-execution work (event dispatch, parameter construction,
+result set-up) costs several times the statement itself.  The SQL is the
+Core statement's own compilation and every value goes through its type's
+bind processor for the dialect, which is what SQLAlchemy applies itself
+(``tests/integration/test_raw_statements.py`` proves the rows the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import BindParameter, ClauseElement, Dialect, Table
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql.compiler import SQLCompiler
+
+__all__ = ["BulkInsert", "BulkStatement", "RawStatement"]
+
+
+class RawStatement:
+    """A Core statement compiled once for one dialect, executed on a DBAPI cursor.
+
+    For the admission hot path, where SQLAlchemy's per-execution work (event
+    dispatch, parameter construction, result set-up) costs several times the
+    statement itself.  The SQL is the Core statement's own compilation, and
+    every parameter goes through the bind processor of its type for this
+    dialect, which is what SQLAlchemy applies itself: a row written here is
+    stored exactly as Core would store it (``tests/integration/test_raw_statements.py``).
+    Rows come back as the driver returns them, for the converters above.
+    Engine-level execution events do not see these statements.
+    """
+
+    __slots__ = ("_binds", "_names", "_positional", "sql")
+
+    def __init__(
+        self, statement: ClauseElement, dialect: Dialect, column_keys: Sequence[str] | None = None
+    ) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) if column_keys else None)
+        assert isinstance(compiled, SQLCompiler)
+        self.sql: str = compiled.string
+        by_name: dict[str, BindParameter[Any]] = {name: bind for bind, name in compiled.bind_names.items()}
+        order = compiled.positiontup
+        self._positional = order is not None
+        # The result's column names, taken from the first execution: every
+        # use of ``cursor.description`` makes psycopg build one object per
+        # column, which costs more than fetching the row.
+        self._names: list[str] | None = None
+        names = list(order) if order is not None else list(by_name)
+        # (rendered name, caller's key or None for a literal, processor, literal value)
+        self._binds: list[tuple[str, str | None, Any, Any]] = []
+        for name in names:
+            bind = by_name[name]
+            if bind.expanding:
+                raise ValueError("expanding parameters are not supported here")
+            processor = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            # Anonymous binds (``literal(0)``) carry their value; named ones come from the caller.
+            key = None if bind.unique else bind.key
+            self._binds.append((name, key, processor, bind.value))
+
+    def parameters(self, params: Mapping[str, Any]) -> list[Any] | dict[str, Any]:
+        """The driver's parameters for ``params``, processed as SQLAlchemy processes them."""
+        values = []
+        for _, key, processor, literal_value in self._binds:
+            value = literal_value if key is None else params[key]
+            values.append(value if processor is None else processor(value))
+        if self._positional:
+            return values
+        return {name: value for (name, *_), value in zip(self._binds, values, strict=True)}
+
+    def parameter_sets(
+        self, rows: Sequence[Mapping[str, Any]], common: Mapping[str, Any]
+    ) -> list[list[Any]] | list[dict[str, Any]]:
+        """:meth:`parameters` for many rows that share the values in ``common``.
+
+        Shared values and literals are processed once; each row gives the rest.
+        """
+        template: list[Any] = []
+        varying: list[tuple[int, str, Any]] = []
+        for index, (_, key, processor, literal_value) in enumerate(self._binds):
+            if key is not None and key not in common:
+                template.append(None)
+                varying.append((index, key, processor))
+                continue
+            value = literal_value if key is None else common[key]
+            template.append(value if processor is None else processor(value))
+        sets: list[list[Any]] = []
+        for row in rows:
+            values = template.copy()
+            for index, key, processor in varying:
+                value = row[key]
+                values[index] = value if processor is None else processor(value)
+            sets.append(values)
+        if self._positional:
+            return sets
+        names = [name for name, *_ in self._binds]
+        return [dict(zip(names, values, strict=True)) for values in sets]
+
+    def tuples(self, cursor: Any, params: Mapping[str, Any]) -> list[Any]:
+        """Execute on ``cursor`` and return the driver's rows as they come, in column order."""
+        cursor.execute(self.sql, self.parameters(params))
+        return list(cursor.fetchall())
+
+    def rows(self, cursor: Any, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Execute on ``cursor`` and return every row as a dict by column name."""
+        cursor.execute(self.sql, self.parameters(params))
+        return self.fetched(cursor)
+
+    def fetched(self, cursor: Any) -> list[dict[str, Any]]:
+        """The rows this statement returned on ``cursor``, as dicts by column name.
+
+        Only for statements that return rows (``SELECT``, ``RETURNING``).
+        """
+        names = self._names
+        if names is None:
+            names = self._names = [column[0] for column in cursor.description]
+        # fetchall also finishes the statement (SQLite keeps an unfinished one active).
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+class BulkStatement:
+    """One Core DML statement run for many parameter sets, in one ``executemany``
+    on the transaction's own cursor.
+
+    For statements repeated row by row on a hot path (the worker's state
+    transitions and their events): the SQL is the Core statement's own
+    compilation, built once, and every value goes through its type's bind
+    processor, as with :class:`RawStatement`, so rows are stored exactly as Core
+    would store them, without SQLAlchemy's per-execution work.  Parameters
+    are named by ``bindparam`` keys (or by column for an INSERT given
+    ``keys``).  A driver error is raised as Core raises it (a
+    :class:`sqlalchemy.exc.DBAPIError` keeping the driver's exception), so
+    callers translate it as they translate any other statement's.
+    """
+
+    def __init__(self, statement: ClauseElement, dialect: Dialect, keys: Sequence[str] | None = None) -> None:
+        self._raw = RawStatement(statement, dialect, keys)
+        self._error: type[Exception] = dialect.loaded_dbapi.Error
+
+    def execute(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        common: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Run the statement once per row inside ``connection``'s transaction; the rows it changed.
+
+        ``common`` holds the values every row shares (processed once).
+        """
+        if not rows:
+            return 0
+        dbapi = connection.connection.dbapi_connection
+        assert dbapi is not None
+        cursor: Any = dbapi.cursor()
+        parameters = self._raw.parameter_sets(rows, common or {})
+        try:
+            cursor.executemany(self._raw.sql, parameters)
+            return int(cursor.rowcount)
+        except self._error as exc:
+            raise DBAPIError.instance(self._raw.sql, parameters, exc, self._error) from exc
+        finally:
+            cursor.close()
+
+
+class BulkInsert:
+    """Many rows into one table in one ``executemany`` (a :class:`BulkStatement`).
+
+    For append-only logs written row by row on a hot path (the worker's
+    events).  ``keys`` are the columns given; the others take their defaults
+    (an autoincrement key).  A driver error is raised as Core raises it, for
+    the caller's boundary (:func:`~admission.sql._engine.wrap_exceptions`).
+    """
+
+    def __init__(self, table: Table, dialect: Dialect, keys: Sequence[str]) -> None:
+        self._statement = BulkStatement(table.insert(), dialect, keys)
+
+    def insert(
+        self,
+        connection: Connection,
+        rows: Sequence[Mapping[str, Any]],
+        common: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Insert ``rows`` inside ``connection``'s transaction (``common``: values they share)."""
+        self._statement.execute(connection, rows, common)

@@ -1,0 +1,350 @@
+"""The receipt adapter's statements and row converters, built once at import.
+
+Statements are built once: SQLAlchemy then reuses their cache keys and
+compiled SQL, which matters on the admission hot path; the hottest are
+compiled again per dialect into :class:`ReceiptStatements` and run on the
+driver (:class:`~admission.sql._raw.RawStatement`).  Converters turn rows
+into the frozen values of :mod:`admission.receipts` (adapters never hand out
+driver or SQLAlchemy rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import fields
+from typing import Any, Final
+
+from sqlalchemy import (
+    CompoundSelect,
+    Dialect,
+    Select,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from admission.receipts._store import CommandRow, EventRow, InstanceRow, RunRow, UpdateRow
+from admission.sql._engine import as_utc, is_postgresql, utc_or_none
+from admission.sql._raw import RawStatement
+from admission.sql._schema import (
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_runs,
+    workflow_updates,
+)
+
+__all__ = [
+    "COMMAND",
+    "COMMAND_FIELDS",
+    "INSERT_COMMAND",
+    "INSERT_RUN",
+    "INSERT_UPDATE",
+    "PENDING",
+    "RUN",
+    "UPDATE",
+    "UPDATE_OF_COMMAND",
+    "ReceiptStatements",
+    "command_of_columns",
+    "command_row",
+    "current_run_row",
+    "event_row",
+    "fields_of",
+    "instance_row",
+    "key_values",
+    "optional_update_row",
+    "receipt_order",
+    "run_row",
+    "update_row",
+]
+
+REQUEST_INDEX: Final = ("instance_id", "command_type", "request_id")
+"""The unique receipt index's columns: the backstop of the admission lock (contract §2.6, §4)."""
+
+
+def instance_row(row: Mapping[Any, Any]) -> InstanceRow:
+    """An instance from a row of ``workflow_instances``."""
+    return InstanceRow(
+        row["id"], row["namespace"], row["workflow_id"], row["current_run_id"], as_utc(row["created_at"])
+    )
+
+
+def run_row(row: Mapping[Any, Any]) -> RunRow:
+    """A run from a row of ``workflow_runs``."""
+    return RunRow(
+        row["id"],
+        row["instance_id"],
+        row["run_number"],
+        row["status"],
+        row["continued_from_run_id"],
+        as_utc(row["started_at"]),
+        utc_or_none(row["closed_at"]),
+    )
+
+
+def optional_bytes(value: object) -> bytes | None:
+    """A stored binary value as bytes (drivers hand back memoryview or bytes)."""
+    return None if value is None else bytes(value)  # type: ignore[call-overload]
+
+
+def command_row(row: Mapping[Any, Any]) -> CommandRow:
+    """A command from a row of ``workflow_commands`` (or a join holding its columns by name)."""
+    return command_of_columns([row[name] for name in COMMAND_FIELDS])
+
+
+COMMAND_FIELDS: Final = tuple(f.name for f in fields(CommandRow))
+if tuple(c.name for c in workflow_commands.c) != COMMAND_FIELDS:  # pragma: no cover - a schema edit
+    raise ImportError("CommandRow's fields must be workflow_commands' columns, in table order")
+
+
+def command_of_columns(values: Sequence[Any]) -> CommandRow:
+    """A command from a driver row of ``workflow_commands``' columns in table order."""
+    # Every field is set here, so the frozen dataclass's __init__ (one
+    # object.__setattr__ per field, 18 of them) can be skipped: on the retry
+    # path that __init__ costs about as much as the rest of the conversion.
+    by_field = dict(zip(COMMAND_FIELDS, values, strict=True))
+    by_field["context"] = optional_bytes(by_field["context"])
+    by_field["arguments"] = optional_bytes(by_field["arguments"])
+    by_field["created_at"] = as_utc(by_field["created_at"])
+    command = object.__new__(CommandRow)
+    command.__dict__.update(by_field)
+    return command
+
+
+def update_row(row: Mapping[Any, Any]) -> UpdateRow:
+    """An update from a row of ``workflow_updates``."""
+    return UpdateRow(
+        row["id"],
+        row["command_id"],
+        row["instance_id"],
+        row["run_id"],
+        row["name"],
+        row["status"],
+        optional_bytes(row["result"]),
+        row["failure"],
+        as_utc(row["accepted_at"]),
+        utc_or_none(row["completed_at"]),
+    )
+
+
+def event_row(row: Mapping[Any, Any]) -> EventRow:
+    """An event from a row of ``workflow_history_events``."""
+    return EventRow(
+        row["namespace"],
+        row["instance_id"],
+        row["run_id"],
+        row["event_type"],
+        row["command_id"],
+        row["update_id"],
+        bytes(row["payload"]),
+        as_utc(row["recorded_at"]),
+        row["position"],
+        row["tx_id"],
+    )
+
+
+def fields_of(row: object) -> dict[str, Any]:
+    """A row value's fields by name: they are its table's columns."""
+    # Row values are plain dataclasses whose fields are the table's columns.
+    return dict(vars(row))
+
+
+# Statements are built once: SQLAlchemy then reuses their cache keys and
+# compiled SQL, which matters on the admission hot path.
+_b = bindparam
+INSTANCE_LOOKUP = (
+    select(
+        workflow_instances,
+        *(c.label(f"run_{c.name}") for c in workflow_runs.c),
+        select(func.max(workflow_commands.c.command_sequence))
+        .where(workflow_commands.c.instance_id == workflow_instances.c.id)
+        .scalar_subquery()
+        .label("last_sequence"),
+    )
+    .select_from(
+        workflow_instances.outerjoin(workflow_runs, workflow_runs.c.id == workflow_instances.c.current_run_id)
+    )
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+    )
+)
+# PostgreSQL takes the row lock with a statement of its own: a statement that
+# waited for the lock re-checks only the locked row, and would return the rest
+# (the current run, the last sequence) as of before the wait.  The lookup that
+# follows is a new statement, so under READ COMMITTED it sees every commit
+# made before the lock was granted.  SQLite's BEGIN IMMEDIATE locks first.
+LOCK_POSTGRES = (
+    select(workflow_instances.c.id)
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+    )
+    .with_for_update()
+)
+RUN = select(workflow_runs).where(
+    workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
+)
+def _by_key(query: Callable[[str], Select[Any]]) -> CompoundSelect[Any]:
+    """``query`` for the token and for the raw key, as two point lookups.
+
+    ``request_id IN (token, raw)`` would do, but PostgreSQL plans it as a
+    filter over every command of the instance (an index scan on
+    ``(instance_id, command_type)`` only), so a lookup would grow with the
+    instance's history; each branch here is one probe of the unique index on
+    both backends.  Rows come unordered and, when the two values are the same,
+    twice: callers order them and drop repeats (:func:`receipt_order`).
+    """
+    return union_all(query("token"), query("raw"))
+
+
+COMMANDS_BY_KEY = _by_key(
+    lambda value: select(workflow_commands).where(
+        workflow_commands.c.instance_id == _b("iid"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
+)
+# The unlocked receipt read of a retry, with the command's update (if any).
+RECEIPTS = _by_key(
+    lambda value: select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+    .select_from(
+        workflow_commands.join(
+            workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
+        ).outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
+    )
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
+)
+# Signals have no update rows, so their read does not join workflow_updates.
+SIGNAL_RECEIPTS = _by_key(
+    lambda value: select(workflow_commands)
+    .select_from(
+        workflow_commands.join(workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id)
+    )
+    .where(
+        workflow_instances.c.namespace == _b("namespace"),
+        workflow_instances.c.workflow_id == _b("workflow_id"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
+)
+PENDING = (
+    select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+    .select_from(
+        workflow_commands.outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
+    )
+    .where(
+        workflow_commands.c.instance_id == _b("iid"),
+        workflow_commands.c.run_id.in_(_b("run_ids", expanding=True)),
+        or_(
+            and_(workflow_commands.c.command_type == "signal", workflow_commands.c.status == "received"),
+            workflow_updates.c.status == "accepted",
+        ),
+    )
+    .order_by(workflow_commands.c.command_sequence)
+)
+COMMAND = select(workflow_commands).where(
+    workflow_commands.c.id == _b("command_id"), workflow_commands.c.instance_id == _b("iid")
+)
+UPDATE_OF_COMMAND = select(workflow_updates).where(workflow_updates.c.command_id == _b("command_id"))
+UPDATE = select(workflow_updates).where(
+    workflow_updates.c.id == _b("update_id"), workflow_updates.c.instance_id == _b("iid")
+)
+INSERT_COMMAND = insert(workflow_commands)
+INSERT_UPDATE = insert(workflow_updates)
+INSERT_RUN = insert(workflow_runs)
+INSERT_EVENT = {
+    dialect: insert(workflow_history_events)
+    .values(tx_id=func.txid_current() if dialect == "postgresql" else literal(0))
+    .returning(workflow_history_events.c.position, workflow_history_events.c.tx_id)
+    for dialect in ("postgresql", "sqlite")
+}
+INSERT_KEYED_COMMAND = {
+    "postgresql": postgresql.insert(workflow_commands)
+    .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
+    .returning(workflow_commands.c.id),
+    "sqlite": sqlite.insert(workflow_commands)
+    .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
+    .returning(workflow_commands.c.id),
+}
+
+
+def key_values(request_ids: Sequence[str], postgres: bool) -> tuple[str, str] | None:
+    """The two values a receipt lookup compares ``request_id`` with (token, raw key)."""
+    # PostgreSQL text cannot hold NUL, so no stored value can equal a key that
+    # contains one; asking would only make the driver refuse the query.
+    wanted = [r for r in request_ids if not (postgres and "\x00" in r)]
+    if not wanted:
+        return None
+    if len(wanted) > 2:
+        raise ValueError("a receipt lookup compares at most two values")
+    return wanted[0], wanted[-1]
+
+
+def receipt_order(
+    found: Sequence[tuple[CommandRow, UpdateRow | None]],
+) -> list[tuple[CommandRow, UpdateRow | None]]:
+    """Receipts by creation time, then sequence, each once (see :func:`_by_key`)."""
+    unique = {command.id: (command, update) for command, update in found}
+    return sorted(unique.values(), key=lambda pair: (pair[0].created_at, pair[0].command_sequence))
+
+
+def current_run_row(row: Mapping[Any, Any]) -> RunRow | None:
+    """The current run joined to an instance lookup (``run_`` columns), if any."""
+    if row["run_id"] is None:
+        return None
+    return RunRow(
+        row["run_id"],
+        row["run_instance_id"],
+        row["run_run_number"],
+        row["run_status"],
+        row["run_continued_from_run_id"],
+        as_utc(row["run_started_at"]),
+        utc_or_none(row["run_closed_at"]),
+    )
+
+
+def optional_update_row(row: Mapping[Any, Any]) -> UpdateRow | None:
+    """The update joined to a command (``u_`` columns), if any."""
+    if row["u_id"] is None:
+        return None
+    return UpdateRow(
+        row["u_id"],
+        row["u_command_id"],
+        row["u_instance_id"],
+        row["u_run_id"],
+        row["u_name"],
+        row["u_status"],
+        optional_bytes(row["u_result"]),
+        row["u_failure"],
+        as_utc(row["u_accepted_at"]),
+        utc_or_none(row["u_completed_at"]),
+    )
+
+
+EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
+
+
+class ReceiptStatements:
+    """The hot-path statements of one store, compiled for its dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        name = "postgresql" if is_postgresql(dialect) else "sqlite"
+        self.instance_lookup = RawStatement(INSTANCE_LOOKUP, dialect)
+        self.lock_postgres = RawStatement(LOCK_POSTGRES, dialect) if name == "postgresql" else None
+        self.commands_by_key = RawStatement(COMMANDS_BY_KEY, dialect)
+        self.receipts = RawStatement(RECEIPTS, dialect)
+        self.signal_receipts = RawStatement(SIGNAL_RECEIPTS, dialect)
+        self.insert_keyed_command = RawStatement(INSERT_KEYED_COMMAND[name], dialect, COMMAND_FIELDS)
+        self.insert_event = RawStatement(INSERT_EVENT[name], dialect, EVENT_KEYS)
