@@ -23,9 +23,9 @@ Needs the ``http`` extra (httpx), but not FastAPI: the codecs come from
 (``sleep``) and randomness (``random``, ``new_request_id``) are parameters.
 """
 
-from admission.client._clients import (
-    AdmissionClient,
-    AsyncAdmissionClient,
+from admission.client._calls import generate_request_id
+from admission.client._clients import AdmissionClient, AsyncAdmissionClient
+from admission.client._errors import (
     ClientError,
     CommandRejected,
     InvalidRequest,
@@ -33,11 +33,10 @@ from admission.client._clients import (
     RequestIdAmbiguous,
     SignalFailed,
     TransportFailed,
-    TransportRetryPolicy,
     UnexpectedResponse,
     UpdateFailed,
-    generate_request_id,
 )
+from admission.client._policy import TransportRetryPolicy
 
 __all__ = [
     "AdmissionClient",
