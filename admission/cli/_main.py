@@ -155,7 +155,7 @@ def _cmd_intent(args: argparse.Namespace) -> int:
 
 
 def _cmd_vectors_verify(args: argparse.Namespace) -> int:
-    from admission.intent._vectors import verify_vectors
+    from admission.intent import verify_vectors
 
     directory = Path(args.directory)
     if not directory.is_dir():

@@ -27,15 +27,8 @@ from admission.intent._keys import (
     receipt_token,
     validate_request_id,
 )
-from admission.intent._vectors import (
-    VectorFormatError,
-    VerifyReport,
-    case_digest,
-    load_manifest,
-    load_vectors,
-    typed_value,
-    verify_vectors,
-)
+from admission.intent._vectors import VectorFormatError, case_digest, load_manifest, load_vectors, typed_value
+from admission.intent._verify import VerifyReport, verify_vectors
 
 __all__ = [
     "ACCELERATED",

@@ -19,6 +19,7 @@ import cbor2
 import pytest
 
 import admission.intent._vectors as vectors_module
+import admission.intent._verify as verify_module
 from admission.intent._vectors import (
     MANIFEST_NAME,
     VECTOR_CATEGORIES,
@@ -26,8 +27,8 @@ from admission.intent._vectors import (
     case_digest,
     load_vectors,
     typed_value,
-    verify_vectors,
 )
+from admission.intent._verify import verify_vectors
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = REPO / "vectors"
@@ -67,7 +68,7 @@ def test_committed_vectors_verify_with_the_pure_python_encoder_too() -> None:
     # The C accelerator, when built, is what verify_vectors() exercised above; the
     # pure walk is the definition and must agree with the same files.
     script = (
-        "import json, admission.intent._vectors as v, admission.intent._encoding as e;"
+        "import json, admission.intent._verify as v, admission.intent._encoding as e;"
         f"r = v.verify_vectors({str(VECTORS)!r});"
         "print(json.dumps({'accelerated': e.ACCELERATED, 'failures': r.failures}))"
     )
@@ -422,7 +423,7 @@ def test_a_lenient_decoder_fails_the_decode_refusals(monkeypatch: pytest.MonkeyP
     def lenient(data: bytes, *, max_size: int = 0) -> object:
         return cbor2.loads(data)
 
-    monkeypatch.setattr(vectors_module, "canonical_decode", lenient)
+    monkeypatch.setattr(verify_module, "canonical_decode", lenient)
     report = verify_vectors(VECTORS)
     assert not report.ok
     assert (
@@ -480,13 +481,13 @@ def test_the_generator_appends_new_cases_after_the_released_ones(tmp_path: Path)
 def test_an_encoder_that_leaves_large_maps_unsorted_fails_exactly_the_large_map_vectors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = vectors_module.canonical_encode
+    real = verify_module.canonical_encode
 
     def sorts_small_maps_only(value: object, *, max_size: int = 1 << 20) -> bytes:
         if type(value) is dict and len(value) > 16:
             return cbor2.dumps(value)  # insertion order, otherwise the same bytes
         return real(value, max_size=max_size)
 
-    monkeypatch.setattr(vectors_module, "canonical_encode", sorts_small_maps_only)
+    monkeypatch.setattr(verify_module, "canonical_encode", sorts_small_maps_only)
     failing = {line.split(":")[0] for line in verify_vectors(VECTORS).failures}
     assert failing == {f"encode.json enc.map.len.{n}" for n in (23, 24, 255, 256, 65535, 65536)}
