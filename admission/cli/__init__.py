@@ -1,5 +1,5 @@
 """The ``admission`` command line."""
 
-from admission.cli._main import build_parser, main
+from admission.cli._worker import build_parser, main
 
 __all__ = ["build_parser", "main"]
