@@ -27,6 +27,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from admission import __version__
+from admission.cli._common import (
+    ENV_DB,
+    EXIT_AMBIGUOUS,
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_OWNED,
+    EXIT_REFUSED,
+    EXIT_SCHEMA,
+    EXIT_STORAGE,
+    UsageError,
+    arguments_from,
+    db_url,
+    json_file,
+    open_service,
+    print_json,
+    typed_arguments,
+    typed_input,
+)
 from admission.errors import (
     AdmissionError,
     FencedError,
@@ -44,7 +64,6 @@ from admission.http._codecs import parse_json_value
 from admission.intent._encoding import (
     INTENT_VERSION,
     arguments_digest,
-    canonical_decode,
     canonical_encode,
     intent_digest,
 )
@@ -53,7 +72,6 @@ from admission.receipts._rules import Admission, Decision
 
 if TYPE_CHECKING:
     from admission.jobs._store import JobStore
-    from admission.receipts._service import AdmissionService
     from admission.worker._targets import Target
     from admission.worker._worker import DurableWorker
 
@@ -72,71 +90,18 @@ __all__ = [
     "parse_json_value",
 ]
 
-EXIT_OK = 0
-"""The command did what was asked: a fresh or a retained answer."""
-EXIT_FAILED = 1
-"""A check ran and found a mismatch (for example a golden vector)."""
-EXIT_INVALID = 2
-"""The input was refused; nothing was written."""
-EXIT_SCHEMA = 3
-"""The database is not at the schema revision this version reads."""
-EXIT_REFUSED = 4
-"""Refused by run state: ``run_not_active``, ``rejected_not_current``, or a lifecycle call
-that does not fit the run."""
-EXIT_STORAGE = 5
-"""The database failed or is unavailable."""
-EXIT_CONFLICT = 9
-"""``request_id_conflict``: the key names another intent; nothing was written."""
-EXIT_AMBIGUOUS = 10
-"""``request_id_ambiguous``: the key cannot be proven to name one receipt; nothing was written."""
 
-EXIT_OWNED = 11
-"""``worker``: another worker holds the queue's file lock or live lease, or this worker was fenced."""
-
-ENV_DB = "ADMISSION_DB"
 ENV_STOP_AT = "ADMISSION_WORKER_STOP_AT"
 """Test hook: the worker pauses at this named point of a send (``admission.testing.CRASH_POINTS``)."""
 ENV_STOP_MARKER = "ADMISSION_WORKER_STOP_MARKER"
 """Test hook: the file the paused worker creates, so a test knows when to kill it."""
 
 
-class _InputError(Exception):
-    """Bad command-line input, reported as ``<field>: <reason>``."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-
-
-def _typed_input(json_text: str | None, cbor_hex: str | None, field: str, default: object) -> object:
-    if json_text is not None and cbor_hex is not None:
-        raise _InputError(field, f"give either {field} or {field}-cbor, not both")
-    if cbor_hex is not None:
-        try:
-            data = bytes.fromhex(cbor_hex)
-        except ValueError:
-            raise _InputError(f"{field}-cbor", "not a hex string") from None
-        try:
-            return canonical_decode(data)
-        except AdmissionError as exc:
-            raise _InputError(f"{field}-cbor", str(exc)) from None
-    if json_text is not None:
-        return parse_json_value(json_text, field)
-    return default
-
-
-def _arguments_from(args: argparse.Namespace) -> object:
-    return _typed_input(args.args, args.args_cbor, "--args", {})
-
-
-def _print_json(payload: object) -> None:
-    print(json.dumps(payload, indent=2, ensure_ascii=False))
-
-
 # -- commands without a database ---------------------------------------------------------
 
 
 def _cmd_intent(args: argparse.Namespace) -> int:
-    arguments = _arguments_from(args)
+    arguments = arguments_from(args)
     report: dict[str, object] = {
         "encoding": INTENT_VERSION,
         "command_type": args.type,
@@ -150,7 +115,7 @@ def _cmd_intent(args: argparse.Namespace) -> int:
         key = validate_request_id(args.request_id, args.type)
         report["request_id"] = key
         report["receipt_token"] = receipt_token(args.type, key)
-    _print_json(report)
+    print_json(report)
     return EXIT_OK
 
 
@@ -159,11 +124,11 @@ def _cmd_vectors_verify(args: argparse.Namespace) -> int:
 
     directory = Path(args.directory)
     if not directory.is_dir():
-        raise _InputError("DIR", f"{directory} is not a directory")
+        raise UsageError("DIR", f"{directory} is not a directory")
     report = verify_vectors(directory)
     for line in report.failures:
         print(line, file=sys.stderr)
-    _print_json(
+    print_json(
         {
             "directory": str(directory),
             "ok": report.ok,
@@ -176,21 +141,6 @@ def _cmd_vectors_verify(args: argparse.Namespace) -> int:
 
 
 # -- commands on a database ---------------------------------------------------------------
-
-
-def _db_url(args: argparse.Namespace) -> str:
-    from admission.sql._receipts import DEFAULT_URL
-
-    url: str = args.db or os.environ.get(ENV_DB) or DEFAULT_URL
-    return url
-
-
-def _service(args: argparse.Namespace) -> AdmissionService:
-    # Imported here so that commands without a database stay quick to start.
-    from admission.receipts._service import AdmissionService
-    from admission.sql._receipts import SqlStore
-
-    return AdmissionService(SqlStore.open(_db_url(args)))
 
 
 def _exit_for(answer: Admission) -> int:
@@ -207,11 +157,11 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from admission.sql._migrate import revision_of, upgrade
     from admission.sql._receipts import create_admission_engine
 
-    engine = create_admission_engine(_db_url(args))
+    engine = create_admission_engine(db_url(args))
     before = revision_of(engine)
     after = upgrade(engine, args.revision)
     engine.dispose()
-    _print_json({"database": _db_url(args), "from_revision": before, "revision": after})
+    print_json({"database": db_url(args), "from_revision": before, "revision": after})
     return EXIT_OK
 
 
@@ -219,7 +169,7 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
     from admission.sql._migrate import downgrade, revision_of
     from admission.sql._receipts import create_admission_engine
 
-    engine = create_admission_engine(_db_url(args))
+    engine = create_admission_engine(db_url(args))
     before = revision_of(engine)
     try:
         after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
@@ -228,7 +178,7 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     finally:
         engine.dispose()
-    _print_json({"database": _db_url(args), "from_revision": before, "revision": after})
+    print_json({"database": db_url(args), "from_revision": before, "revision": after})
     return EXIT_OK
 
 
@@ -237,75 +187,75 @@ def _cmd_db_check(args: argparse.Namespace) -> int:
     from admission.sql._receipts import create_admission_engine
     from admission.sql._schema import HEAD_REVISION, check_revision
 
-    engine = create_admission_engine(_db_url(args))
+    engine = create_admission_engine(db_url(args))
     revision = revision_of(engine)
-    report: dict[str, object] = {"database": _db_url(args), "revision": revision, "head": HEAD_REVISION}
+    report: dict[str, object] = {"database": db_url(args), "revision": revision, "head": HEAD_REVISION}
     try:
         with engine.connect() as conn:
             check_revision(conn)
     except SchemaRevisionError as exc:
         report["ok"] = False
         report["message"] = str(exc)
-        _print_json(report)
+        print_json(report)
         return EXIT_SCHEMA
     finally:
         engine.dispose()
     report["ok"] = True
-    _print_json(report)
+    print_json(report)
     return EXIT_OK
 
 
 def _cmd_start(args: argparse.Namespace) -> int:
-    _print_json(_service(args).start_run(args.namespace, args.workflow_id, run_id=args.run_id).to_dict())
+    print_json(open_service(args).start_run(args.namespace, args.workflow_id, run_id=args.run_id).to_dict())
     return EXIT_OK
 
 
 def _cmd_close(args: argparse.Namespace) -> int:
-    service = _service(args)
+    service = open_service(args)
     if args.status == "continued":
         run = service.continue_as_new(args.namespace, args.workflow_id, run_id=args.run)
     else:
         run = service.close_run(args.namespace, args.workflow_id, args.status, run_id=args.run)
-    _print_json(run.to_dict())
+    print_json(run.to_dict())
     return EXIT_OK
 
 
 def _cmd_admit(args: argparse.Namespace) -> int:
-    arguments = _arguments_from(args)
-    service = _service(args)
+    arguments = arguments_from(args)
+    service = open_service(args)
     admit = service.admit_signal if args.command == "signal" else service.admit_update
     answer = admit(
         args.namespace, args.workflow_id, args.name, arguments, request_id=args.request_id, run_id=args.run
     )
-    _print_json(answer.to_dict())
+    print_json(answer.to_dict())
     return _exit_for(answer)
 
 
 def _cmd_complete_update(args: argparse.Namespace) -> int:
-    service = _service(args)
+    service = open_service(args)
     if args.fail is not None:
         if args.result is not None or args.result_cbor is not None:
-            raise _InputError("--fail", "a failed update has no result")
+            raise UsageError("--fail", "a failed update has no result")
         answer = service.fail_update(args.namespace, args.workflow_id, args.update_id, args.fail)
     else:
-        result = _typed_input(args.result, args.result_cbor, "--result", None)
+        result = typed_input(args.result, args.result_cbor, "--result", None)
         answer = service.complete_update(args.namespace, args.workflow_id, args.update_id, result)
-    _print_json(answer.to_dict())
+    print_json(answer.to_dict())
     return EXIT_OK
 
 
 def _cmd_receipt(args: argparse.Namespace) -> int:
-    answer = _service(args).receipt(args.namespace, args.workflow_id, args.type, args.request_id)
+    answer = open_service(args).receipt(args.namespace, args.workflow_id, args.type, args.request_id)
     if answer is None:
-        _print_json({"request_id": args.request_id, "command_type": args.type, "receipt": None})
+        print_json({"request_id": args.request_id, "command_type": args.type, "receipt": None})
         return EXIT_FAILED
-    _print_json(answer.to_dict())
+    print_json(answer.to_dict())
     return _exit_for(answer)
 
 
 def _cmd_history(args: argparse.Namespace) -> int:
-    events = _service(args).history(args.namespace, args.workflow_id)
-    _print_json([e.to_dict() for e in events])
+    events = open_service(args).history(args.namespace, args.workflow_id)
+    print_json([e.to_dict() for e in events])
     return EXIT_OK
 
 
@@ -319,9 +269,9 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         try:
             now = datetime.fromisoformat(args.now)
         except ValueError:
-            raise _InputError("--now", "not an ISO 8601 date and time") from None
+            raise UsageError("--now", "not an ISO 8601 date and time") from None
         if now.tzinfo is None:
-            raise _InputError("--now", "give a time zone, e.g. 2026-11-29T12:00:00+00:00")
+            raise UsageError("--now", "give a time zone, e.g. 2026-11-29T12:00:00+00:00")
 
     def show(report: PruneReport) -> None:
         # Progress goes to stderr, so stdout stays one JSON document.
@@ -335,12 +285,12 @@ def _cmd_prune(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    report = _service(args).prune(
+    report = open_service(args).prune(
         args.retention_days, now=now, batch_size=args.batch_size, dry_run=args.dry_run, progress=show
     )
     if sys.stderr.isatty() and report.chains:
         print(file=sys.stderr)
-    _print_json(report.to_dict())
+    print_json(report.to_dict())
     return EXIT_OK
 
 
@@ -359,9 +309,9 @@ def _aes_gcm_key() -> tuple[bytes, str] | None:
     try:
         key = base64.b64decode(text.strip(), validate=True)
     except ValueError:  # binascii.Error, and text that is not ASCII at all
-        raise _InputError(ENV_AES_GCM_KEY, "not standard base64") from None
+        raise UsageError(ENV_AES_GCM_KEY, "not standard base64") from None
     if len(key) not in (16, 24, 32):
-        raise _InputError(ENV_AES_GCM_KEY, f"must decode to 16, 24 or 32 bytes, got {len(key)}")
+        raise UsageError(ENV_AES_GCM_KEY, f"must decode to 16, 24 or 32 bytes, got {len(key)}")
     return key, os.environ.get(ENV_AES_GCM_KEY_ID) or "default"
 
 
@@ -372,21 +322,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         from admission.http._app import create_app
         from admission.http._codecs import AesGcmCodec, CborCodec, Codec, JsonCodec, codecs_from
     except ImportError as exc:
-        raise _InputError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
+        raise UsageError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
     if not 0 < args.port < 65536:
-        raise _InputError("--port", "must be 1 to 65535")
+        raise UsageError("--port", "must be 1 to 65535")
     codecs: list[Codec] = [JsonCodec(), CborCodec()]
     aes = _aes_gcm_key()
     if aes is not None:
         codecs.append(AesGcmCodec(aes[0], aes[1]))
-    service = _service(args)
+    service = open_service(args)
     app = create_app(service, codecs=codecs_from(*codecs))
     # One JSON line saying where it listens, then uvicorn's log on stderr.
     print(
         json.dumps(
             {
                 "serving": f"http://{args.host}:{args.port}",
-                "database": _db_url(args),
+                "database": db_url(args),
                 "codecs": [c.name for c in codecs],
                 "aes_gcm_key_id": None if aes is None else aes[1],
             }
@@ -412,21 +362,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _jobs(args: argparse.Namespace) -> JobStore:
     from admission.jobs._store import JobStore
 
-    return JobStore.open(_db_url(args))
+    return JobStore.open(db_url(args))
 
 
 def _cmd_jobs_status(args: argparse.Namespace) -> int:
     store = _jobs(args)
     try:
         if args.job_id is None:
-            _print_json({"scope": args.scope, "counts": store.counts(args.scope)})
+            print_json({"scope": args.scope, "counts": store.counts(args.scope)})
         else:
             report: dict[str, object] = store.status(args.job_id).to_dict()
             if args.events:
                 report["events"] = [
                     {**vars(e), "recorded_at": e.recorded_at.isoformat()} for e in store.events(args.job_id)
                 ]
-            _print_json(report)
+            print_json(report)
     finally:
         store.dispose()
     return EXIT_OK
@@ -436,7 +386,7 @@ def _cmd_jobs_request(args: argparse.Namespace) -> int:
     store = _jobs(args)
     try:
         view = getattr(store, args.jobs_command)(args.job_id)
-        _print_json(view.to_dict())
+        print_json(view.to_dict())
     finally:
         store.dispose()
     return EXIT_OK
@@ -445,7 +395,7 @@ def _cmd_jobs_request(args: argparse.Namespace) -> int:
 def _cmd_jobs_resolve(args: argparse.Namespace) -> int:
     store = _jobs(args)
     try:
-        _print_json(store.resolve(args.job_id, args.outcome, who=args.who, why=args.why).to_dict())
+        print_json(store.resolve(args.job_id, args.outcome, who=args.who, why=args.why).to_dict())
     finally:
         store.dispose()
     return EXIT_OK
@@ -481,22 +431,7 @@ def _instance_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--namespace", default="default", help="isolation boundary (default: default)")
 
 
-def _typed_arguments(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
-    parser.add_argument(flag, help=f"{what} as JSON (1 and 1.0, -0.0 and NaN are kept apart)")
-    parser.add_argument(f"{flag}-cbor", help=f"{what} as canonical CBOR, in hex")
-
-
 # -- the durable worker (docs/worker.md) --------------------------------------------------------
-
-
-def _json_file(path: str | None, field: str) -> object:
-    if path is None:
-        raise _InputError(field, "is required")
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise _InputError(field, f"cannot read {path}: {exc.strerror}") from None
-    return parse_json_value(text, field)
 
 
 def _stop_hook() -> Callable[[str], None] | None:
@@ -514,9 +449,9 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
     from admission.sql._receipts import create_admission_engine
     from admission.worker._worker import DurableWorker, Scope
 
-    scope = Scope.parse(_json_file(args.scope, "--scope"))
+    scope = Scope.parse(json_file(args.scope, "--scope"))
     return DurableWorker(
-        create_admission_engine(_db_url(args)),
+        create_admission_engine(db_url(args)),
         scope,
         queue=args.queue,
         lock_path=args.lock,
@@ -532,7 +467,7 @@ def _target(args: argparse.Namespace) -> Target:
     from admission.worker._targets import SqliteTarget
 
     if args.target is None:
-        raise _InputError("--target", "is required")
+        raise UsageError("--target", "is required")
     target: Target = SqliteTarget(args.target)
     if args.fault is not None:
         target = FaultyTarget(target, args.fault)
@@ -543,7 +478,7 @@ def _check_worker_schema(args: argparse.Namespace) -> None:
     from admission.sql._receipts import create_admission_engine
     from admission.sql._schema import check_revision
 
-    engine = create_admission_engine(_db_url(args))
+    engine = create_admission_engine(db_url(args))
     try:
         with engine.connect() as conn:
             check_revision(conn)
@@ -552,10 +487,10 @@ def _check_worker_schema(args: argparse.Namespace) -> None:
 
 
 def _cmd_worker_accept(args: argparse.Namespace) -> int:
-    record = _json_file(args.record, "--record")
+    record = json_file(args.record, "--record")
     _check_worker_schema(args)
     answer = _worker(args).accept(record)
-    _print_json({"outcome": answer.outcome, "write_id": answer.write_id, "state": answer.state})
+    print_json({"outcome": answer.outcome, "write_id": answer.write_id, "state": answer.state})
     return EXIT_CONFLICT if answer.outcome == "conflict" else EXIT_OK
 
 
@@ -569,7 +504,7 @@ def _cycle_json(report: object) -> dict[str, object]:
 def _cmd_worker_once(args: argparse.Namespace) -> int:
     _check_worker_schema(args)
     worker, target = _worker(args), _target(args)
-    _print_json(_cycle_json(worker.run_once(target)))
+    print_json(_cycle_json(worker.run_once(target)))
     return EXIT_OK
 
 
@@ -613,28 +548,28 @@ def _cmd_worker_status(args: argparse.Namespace) -> int:
     worker = _worker(args)
     if args.export:
         worker.export_status(args.export)
-    _print_json(worker.status())
+    print_json(worker.status())
     return EXIT_OK
 
 
 def _cmd_worker_observe(args: argparse.Namespace) -> int:
-    record = _json_file(args.record, "--record")
+    record = json_file(args.record, "--record")
     if (args.snapshot is None) == (not args.missing):
-        raise _InputError("--snapshot", "give either --snapshot FILE or --missing")
-    snapshot = None if args.missing else _json_file(args.snapshot, "--snapshot")
+        raise UsageError("--snapshot", "give either --snapshot FILE or --missing")
+    snapshot = None if args.missing else json_file(args.snapshot, "--snapshot")
     _check_worker_schema(args)
     worker = _worker(args)
     source_key, _ = worker.validate(record)
     write_id = worker.find(source_key)["write_id"]
     changed = worker.observe(write_id, snapshot, missing=args.missing)
-    _print_json({"write_id": write_id, "changed": changed, "state": worker.get(write_id)["state"]})
+    print_json({"write_id": write_id, "changed": changed, "state": worker.get(write_id)["state"]})
     return EXIT_OK
 
 
 def _cmd_worker_poll_status(args: argparse.Namespace) -> int:
     _check_worker_schema(args)
     worker, target = _worker(args), _target(args)
-    _print_json(_cycle_json(worker.poll_status(target, args.poll_limit)))
+    print_json(_cycle_json(worker.poll_status(target, args.poll_limit)))
     return EXIT_OK
 
 
@@ -642,7 +577,7 @@ def _cmd_worker_resolve(args: argparse.Namespace) -> int:
     _check_worker_schema(args)
     worker = _worker(args)
     state = worker.resolve(args.write_id, args.decision, actor=args.actor, reason=args.reason)
-    _print_json({"write_id": args.write_id, "state": state, "actor": args.actor, "reason": args.reason})
+    print_json({"write_id": args.write_id, "state": state, "actor": args.actor, "reason": args.reason})
     return EXIT_OK
 
 
@@ -726,7 +661,7 @@ def build_parser() -> argparse.ArgumentParser:
     intent = commands.add_parser("intent", help="print the receipt token and intent digest of a command")
     intent.add_argument("--type", required=True, choices=("signal", "update"), help="command type")
     intent.add_argument("--name", required=True, help="canonical command name")
-    _typed_arguments(intent, "--args", "arguments (a list or an object)")
+    typed_arguments(intent, "--args", "arguments (a list or an object)")
     intent.add_argument("--target", help="selected run id (run scope); omit for instance scope")
     intent.add_argument("--request-id", help="the command key")
     intent.set_defaults(handler=_cmd_intent)
@@ -773,7 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
         admit = commands.add_parser(command, help=f"admit a{'n' if command == 'update' else ''} {command}")
         _instance_arguments(admit)
         admit.add_argument("name", metavar="NAME")
-        _typed_arguments(admit, "--args", "arguments (a list or an object)")
+        typed_arguments(admit, "--args", "arguments (a list or an object)")
         admit.add_argument("--request-id", help="the command key that makes retries safe")
         admit.add_argument("--run", help="select this run (run scope) instead of the current one")
         admit.set_defaults(handler=_cmd_admit)
@@ -781,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     complete = commands.add_parser("complete-update", help="complete (or fail) an accepted update")
     _instance_arguments(complete)
     complete.add_argument("update_id", metavar="UPDATE_ID")
-    _typed_arguments(complete, "--result", "the result (default null)")
+    typed_arguments(complete, "--result", "the result (default null)")
     complete.add_argument("--fail", metavar="MESSAGE", help="fail the update with this message instead")
     complete.set_defaults(handler=_cmd_complete_update)
 
@@ -825,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.handler(args)
-    except _InputError as exc:
+    except UsageError as exc:
         print(f"admission: {exc}", file=sys.stderr)
         return EXIT_INVALID
     except SchemaRevisionError as exc:
