@@ -23,10 +23,10 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from admission import __version__
+from admission.cli import _intent
 from admission.cli._common import (
     ENV_DB,
     EXIT_AMBIGUOUS,
@@ -61,13 +61,6 @@ from admission.errors import (
     WorkerLockedError,
 )
 from admission.http._codecs import parse_json_value
-from admission.intent._encoding import (
-    INTENT_VERSION,
-    arguments_digest,
-    canonical_encode,
-    intent_digest,
-)
-from admission.intent._keys import receipt_token, validate_request_id
 from admission.receipts._rules import Admission, Decision
 
 if TYPE_CHECKING:
@@ -98,46 +91,6 @@ ENV_STOP_MARKER = "ADMISSION_WORKER_STOP_MARKER"
 
 
 # -- commands without a database ---------------------------------------------------------
-
-
-def _cmd_intent(args: argparse.Namespace) -> int:
-    arguments = arguments_from(args)
-    report: dict[str, object] = {
-        "encoding": INTENT_VERSION,
-        "command_type": args.type,
-        "name": args.name,
-        "target": args.target,
-        "intent_digest": intent_digest(args.type, args.name, arguments, args.target),
-        "arguments_digest": arguments_digest(arguments),
-        "arguments_cbor": canonical_encode(arguments).hex(),
-    }
-    if args.request_id is not None:
-        key = validate_request_id(args.request_id, args.type)
-        report["request_id"] = key
-        report["receipt_token"] = receipt_token(args.type, key)
-    print_json(report)
-    return EXIT_OK
-
-
-def _cmd_vectors_verify(args: argparse.Namespace) -> int:
-    from admission.intent._vectors import verify_vectors
-
-    directory = Path(args.directory)
-    if not directory.is_dir():
-        raise UsageError("DIR", f"{directory} is not a directory")
-    report = verify_vectors(directory)
-    for line in report.failures:
-        print(line, file=sys.stderr)
-    print_json(
-        {
-            "directory": str(directory),
-            "ok": report.ok,
-            "counts": report.counts,
-            "total": sum(report.counts.values()),
-            "failures": len(report.failures),
-        }
-    )
-    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 # -- commands on a database ---------------------------------------------------------------
@@ -658,19 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    intent = commands.add_parser("intent", help="print the receipt token and intent digest of a command")
-    intent.add_argument("--type", required=True, choices=("signal", "update"), help="command type")
-    intent.add_argument("--name", required=True, help="canonical command name")
-    typed_arguments(intent, "--args", "arguments (a list or an object)")
-    intent.add_argument("--target", help="selected run id (run scope); omit for instance scope")
-    intent.add_argument("--request-id", help="the command key")
-    intent.set_defaults(handler=_cmd_intent)
-
-    vectors = commands.add_parser("vectors", help="golden vectors")
-    vector_commands = vectors.add_subparsers(dest="vectors_command", required=True, metavar="ACTION")
-    verify = vector_commands.add_parser("verify", help="re-derive every golden vector; exit 1 on a mismatch")
-    verify.add_argument("directory", nargs="?", default="vectors", metavar="DIR")
-    verify.set_defaults(handler=_cmd_vectors_verify)
+    _intent.add_parser(commands)
 
     db = commands.add_parser("db", help="schema revisions (alembic)")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
