@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from admission import __version__
-from admission.cli import _intent
+from admission.cli import _db, _intent
 from admission.cli._common import (
     ENV_DB,
     EXIT_AMBIGUOUS,
@@ -103,58 +103,6 @@ def _exit_for(answer: Admission) -> int:
         return EXIT_AMBIGUOUS
     if answer.outcome in ("run_not_active", "rejected_not_current"):
         return EXIT_REFUSED
-    return EXIT_OK
-
-
-def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from admission.sql._migrate import revision_of, upgrade
-    from admission.sql._receipts import create_admission_engine
-
-    engine = create_admission_engine(db_url(args))
-    before = revision_of(engine)
-    after = upgrade(engine, args.revision)
-    engine.dispose()
-    print_json({"database": db_url(args), "from_revision": before, "revision": after})
-    return EXIT_OK
-
-
-def _cmd_db_downgrade(args: argparse.Namespace) -> int:
-    from admission.sql._migrate import downgrade, revision_of
-    from admission.sql._receipts import create_admission_engine
-
-    engine = create_admission_engine(db_url(args))
-    before = revision_of(engine)
-    try:
-        after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
-    except RuntimeError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    finally:
-        engine.dispose()
-    print_json({"database": db_url(args), "from_revision": before, "revision": after})
-    return EXIT_OK
-
-
-def _cmd_db_check(args: argparse.Namespace) -> int:
-    from admission.sql._migrate import revision_of
-    from admission.sql._receipts import create_admission_engine
-    from admission.sql._schema import HEAD_REVISION, check_revision
-
-    engine = create_admission_engine(db_url(args))
-    revision = revision_of(engine)
-    report: dict[str, object] = {"database": db_url(args), "revision": revision, "head": HEAD_REVISION}
-    try:
-        with engine.connect() as conn:
-            check_revision(conn)
-    except SchemaRevisionError as exc:
-        report["ok"] = False
-        report["message"] = str(exc)
-        print_json(report)
-        return EXIT_SCHEMA
-    finally:
-        engine.dispose()
-    report["ok"] = True
-    print_json(report)
     return EXIT_OK
 
 
@@ -613,21 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _intent.add_parser(commands)
 
-    db = commands.add_parser("db", help="schema revisions (alembic)")
-    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
-    db_upgrade.add_argument("--revision", default="head")
-    db_upgrade.set_defaults(handler=_cmd_db_upgrade)
-    db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
-    db_check.set_defaults(handler=_cmd_db_check)
-    db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")
-    db_downgrade.add_argument("revision", metavar="REVISION")
-    db_downgrade.add_argument(
-        "--allow-unsafe",
-        action="store_true",
-        help="downgrade even though receipts with intent digests, worker records or jobs exist",
-    )
-    db_downgrade.set_defaults(handler=_cmd_db_downgrade)
+    _db.add_parser(commands)
 
     start = commands.add_parser("start", help="start a run of a workflow instance")
     _instance_arguments(start)
