@@ -1,19 +1,7 @@
-"""The ``admission`` command line: the composition root.
+"""``admission worker``: the durable outbox worker's commands (docs/worker.md).
 
-This is the only module that reads the environment or parses command-line
-input.  Every command prints JSON on stdout.  Bad input prints one clear line
-naming the field on stderr, exits 2 and writes nothing.
-
-Exit codes: 0 fresh or retained; 1 a check found a mismatch; 2 invalid
-input; 3 the database is not at the schema revision this version reads;
-4 refused by run state (``run_not_active``, ``rejected_not_current``, a
-lifecycle call that does not fit; for ``worker``: a full queue, a record
-outside the scope, a record in the wrong state; for ``jobs``: an event that
-does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
-changed content under an accepted key); 10 ``request_id_ambiguous``; 11
-another worker owns the queue (file lock or lease) or this one was fenced; 5
-a storage failure; 73 the injected ``crash-after-write`` fault
-(docs/worker.md).
+The worker and its target are built from the command line here; the test
+hooks that pause a worker at a named point are read from the environment.
 """
 
 from __future__ import annotations
@@ -21,88 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from admission import __version__
-from admission.cli import _db, _intent, _jobs, _receipts, _serve
-from admission.cli._common import (
-    ENV_DB,
-    EXIT_AMBIGUOUS,
-    EXIT_CONFLICT,
-    EXIT_FAILED,
-    EXIT_INVALID,
-    EXIT_OK,
-    EXIT_OWNED,
-    EXIT_REFUSED,
-    EXIT_SCHEMA,
-    EXIT_STORAGE,
-    UsageError,
-    db_url,
-    json_file,
-    print_json,
-)
-from admission.errors import (
-    AdmissionError,
-    FencedError,
-    JobStateError,
-    LeaseHeldError,
-    QueueFullError,
-    RecordStateError,
-    RunStateError,
-    SchemaRevisionError,
-    ScopeMismatchError,
-    StorageError,
-    WorkerLockedError,
-)
-from admission.http._codecs import parse_json_value
+from admission.cli._common import EXIT_CONFLICT, EXIT_OK, Commands, UsageError, db_url, json_file, print_json
 
 if TYPE_CHECKING:
-    from admission.worker._targets import Target
-    from admission.worker._worker import DurableWorker
+    from admission.worker import DurableWorker, Target
 
-__all__ = [
-    "EXIT_AMBIGUOUS",
-    "EXIT_CONFLICT",
-    "EXIT_FAILED",
-    "EXIT_INVALID",
-    "EXIT_OK",
-    "EXIT_OWNED",
-    "EXIT_REFUSED",
-    "EXIT_SCHEMA",
-    "EXIT_STORAGE",
-    "build_parser",
-    "main",
-    "parse_json_value",
-]
-
+__all__ = ["add_parser"]
 
 ENV_STOP_AT = "ADMISSION_WORKER_STOP_AT"
 """Test hook: the worker pauses at this named point of a send (``admission.testing.CRASH_POINTS``)."""
 ENV_STOP_MARKER = "ADMISSION_WORKER_STOP_MARKER"
 """Test hook: the file the paused worker creates, so a test knows when to kill it."""
-
-
-# -- commands without a database ---------------------------------------------------------
-
-
-# -- commands on a database ---------------------------------------------------------------
-
-
-def _cmd_demo(args: argparse.Namespace) -> int:
-    from admission.cli._demo import run_demo
-
-    return run_demo(args.db, workers=args.workers)
-
-
-# -- the parser ------------------------------------------------------------------------------
-
-
-# -- durable jobs (docs/jobs.md) ------------------------------------------------------------
-
-
-# -- the durable worker (docs/worker.md) --------------------------------------------------------
 
 
 def _stop_hook() -> Callable[[str], None] | None:
@@ -117,8 +37,10 @@ def _stop_hook() -> Callable[[str], None] | None:
 
 
 def _worker(args: argparse.Namespace) -> DurableWorker:
-    from admission.sql._receipts import create_admission_engine
-    from admission.worker._worker import DurableWorker, Scope
+    # Every worker command builds its worker here and nowhere else, so that
+    # the storage behind the commands can change in this one function.
+    from admission.sql import create_admission_engine
+    from admission.worker import DurableWorker, Scope
 
     scope = Scope.parse(json_file(args.scope, "--scope"))
     return DurableWorker(
@@ -135,7 +57,7 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
 
 def _target(args: argparse.Namespace) -> Target:
     from admission.testing import FaultyTarget
-    from admission.worker._targets import SqliteTarget
+    from admission.worker import SqliteTarget
 
     if args.target is None:
         raise UsageError("--target", "is required")
@@ -146,8 +68,7 @@ def _target(args: argparse.Namespace) -> Target:
 
 
 def _check_worker_schema(args: argparse.Namespace) -> None:
-    from admission.sql._receipts import create_admission_engine
-    from admission.sql._schema import check_revision
+    from admission.sql import check_revision, create_admission_engine
 
     engine = create_admission_engine(db_url(args))
     try:
@@ -252,7 +173,8 @@ def _cmd_worker_resolve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(commands: Commands) -> None:
+    """Add the ``worker`` commands, from ``accept`` to ``resolve``."""
     from admission.testing import FAULTS
 
     worker = commands.add_parser("worker", help="the durable outbox worker (docs/worker.md)")
@@ -315,58 +237,3 @@ def _worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     resolve.add_argument("--reason", required=True, help="why")
     resolve.add_argument("--target", metavar="FILE", help=argparse.SUPPRESS)
     resolve.set_defaults(handler=_cmd_worker_resolve)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``admission`` command."""
-    parser = argparse.ArgumentParser(
-        prog="admission",
-        description="Safe retries of signals and updates for workflow engines.",
-    )
-    parser.add_argument("--version", action="version", version=f"admission {__version__}")
-    parser.add_argument(
-        "--db", help=f"database URL (default: ${ENV_DB}, else an embedded SQLite file admission.sqlite3)"
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    _intent.add_parser(commands)
-
-    _db.add_parser(commands)
-
-    _receipts.add_parser(commands)
-
-    _serve.add_parser(commands)
-
-    demo = commands.add_parser("demo", help="play a lost response, a retry, a conflict and a burst")
-    demo.add_argument("--workers", type=int, default=8, help="concurrent callers in the burst (default 8)")
-    demo.set_defaults(handler=_cmd_demo)
-
-    _worker_parser(commands)
-    _jobs.add_parser(commands)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
-    try:
-        code: int = args.handler(args)
-    except UsageError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    except SchemaRevisionError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_SCHEMA
-    except (WorkerLockedError, LeaseHeldError, FencedError) as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_OWNED
-    except (RunStateError, JobStateError, QueueFullError, ScopeMismatchError, RecordStateError) as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    except StorageError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_STORAGE
-    except AdmissionError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
-        return EXIT_INVALID
-    return code
