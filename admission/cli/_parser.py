@@ -55,6 +55,10 @@ def _demo_parser(commands: Commands) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``admission`` command."""
+    return _build_parser(worker_commands=True)
+
+
+def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="admission",
         description="Safe retries of signals and updates for workflow engines.",
@@ -71,14 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     _receipts.add_parser(commands)
     _serve.add_parser(commands)
     _demo_parser(commands)
-    _worker.add_parser(commands)
+    _worker.add_parser(commands, with_commands=worker_commands)
     _jobs.add_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Adding the worker's commands imports SQLAlchemy.  A command line without
+    # the word "worker" cannot reach them (argparse matches command names
+    # exactly), so every other command starts without it.
+    args = _build_parser(worker_commands="worker" in argv).parse_args(argv)
     try:
         code: int = args.handler(args)
     # Specific before general: a ScopeMismatchError is an InputError, yet the

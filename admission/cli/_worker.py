@@ -173,11 +173,14 @@ def _cmd_worker_resolve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def add_parser(commands: Commands) -> None:
-    """Add the ``worker`` commands, from ``accept`` to ``resolve``."""
+def add_parser(commands: Commands, *, with_commands: bool = True) -> None:
+    """Add ``worker`` and, unless ``with_commands`` is false, its commands from ``accept`` to ``resolve``."""
+    worker = commands.add_parser("worker", help="the durable outbox worker (docs/worker.md)")
+    if not with_commands:
+        return
+    # The --fault choices load admission.testing, and with it the worker and SQLAlchemy.
     from admission.testing import FAULTS
 
-    worker = commands.add_parser("worker", help="the durable outbox worker (docs/worker.md)")
     sub = worker.add_subparsers(dest="worker_command", required=True, metavar="WORKER_COMMAND")
 
     def common(name: str, help_text: str, *, target: bool = False) -> argparse.ArgumentParser:

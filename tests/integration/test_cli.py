@@ -83,6 +83,28 @@ def test_bad_input_exits_2_naming_the_field(args: list[str], field: str) -> None
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["intent", "--type", "signal", "--name", "n"]])
+def test_commands_without_a_database_start_without_sqlalchemy(args: list[str]) -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from admission.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        f"    main({args!r})\n"
+        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'fastapi') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_worker_commands_keep_their_fault_choices() -> None:
+    result = run("worker", "once", "--scope", "s.json", "--fault", "bogus")
+    assert result.returncode == 2
+    assert "choose from 'outage', 'timeout', 'crash-after-write'" in result.stderr
+
+
 def test_vectors_verify_passes_on_the_shipped_vectors() -> None:
     result = run("vectors", "verify", str(ROOT / "vectors"))
     assert result.returncode == 0, result.stderr
