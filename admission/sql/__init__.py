@@ -14,6 +14,7 @@ from admission.sql._receipts import (
     as_utc,
     create_admission_engine,
     insert_or_ignore,
+    masked_url,
     normalize_url,
 )
 from admission.sql._schema import (
@@ -54,6 +55,7 @@ __all__ = [
     "current_revision",
     "downgrade",
     "insert_or_ignore",
+    "masked_url",
     "metadata",
     "normalize_url",
     "outbox_cursors",

@@ -7,11 +7,13 @@ store only checks the revision (contract §6).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from admission.errors import SchemaRevisionError, StorageError
 from admission.sql._schema import KNOWN_REVISIONS, current_revision
@@ -36,8 +38,19 @@ class _XArguments:
         self.x = x
 
 
+@contextmanager
+def _connected(engine: Engine) -> Iterator[Connection]:
+    # Migrations run outside every store, so the driver's errors become
+    # admission's here, as the stores do it, keeping the cause.
+    try:
+        with engine.connect() as conn:
+            yield conn
+    except DBAPIError as exc:
+        raise StorageError(f"the database is unavailable or failed: {exc.orig}") from exc
+
+
 def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
-    with engine.connect() as conn:
+    with _connected(engine) as conn:
         revision = current_revision(conn)
         conn.rollback()  # end the read's implicit transaction before the migration's own
         if revision is not None and revision not in KNOWN_REVISIONS:
@@ -89,5 +102,5 @@ def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> s
 
 def revision_of(engine: Engine) -> str | None:
     """The revision stamped in the database (``None`` before the first upgrade)."""
-    with engine.connect() as conn:
+    with _connected(engine) as conn:
         return current_revision(conn)

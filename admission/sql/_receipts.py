@@ -47,10 +47,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.sql.compiler import SQLCompiler
 
-from admission.errors import AdmissionError, StorageError
+from admission.errors import AdmissionError, InputError, StorageError
 from admission.receipts._store import (
     CommandRow,
     EventCursor,
@@ -79,6 +79,7 @@ __all__ = [
     "as_utc",
     "create_admission_engine",
     "insert_or_ignore",
+    "masked_url",
     "normalize_url",
 ]
 
@@ -100,6 +101,15 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def masked_url(url: str) -> str:
+    """``url`` as it may be shown in output or logs: its password, if any, as ``***``."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return "***"  # not parsed, so no telling which part is the password
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+
+
 def create_admission_engine(url: str, **kwargs: Any) -> Engine:
     """Create an engine configured as admission needs it.
 
@@ -108,7 +118,19 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
     with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
     first read (a deferred transaction that upgrades to a write can fail
     instead of waiting).  Other transactions on the engine begin deferred.
+
+    A URL that cannot be parsed, or that names a dialect or driver that is
+    not installed, raises :class:`~admission.errors.InputError` (``field``
+    ``url``), keeping SQLAlchemy's error as the cause.
     """
+    try:
+        return _configured_engine(url, **kwargs)
+    except (ArgumentError, ValueError, ImportError) as exc:
+        # SQLAlchemy's messages here name the part it could not use, never the password.
+        raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+
+
+def _configured_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     if make_url(url).get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", False)
