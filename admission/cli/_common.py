@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -37,6 +38,7 @@ __all__ = [
     "db_url",
     "json_file",
     "open_service",
+    "print_error",
     "print_json",
     "typed_arguments",
     "typed_input",
@@ -109,6 +111,14 @@ def typed_arguments(parser: argparse.ArgumentParser, flag: str, what: str) -> No
 def print_json(payload: object) -> None:
     """Print ``payload`` as one indented JSON document on stdout."""
     print(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+def print_error(exc: BaseException) -> None:
+    """Print ``exc`` as one line on stderr, ``admission: <message>``."""
+    # A driver's message can span lines (psycopg adds a hint on a second
+    # line); one failure stays one line, so a script can read it as one.
+    message = " ".join(line.strip() for line in str(exc).splitlines())
+    print(f"admission: {message}", file=sys.stderr)
 
 
 def json_file(path: str | None, field: str) -> object:

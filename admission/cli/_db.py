@@ -3,47 +3,55 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from admission.cli._common import EXIT_OK, EXIT_REFUSED, EXIT_SCHEMA, Commands, db_url, print_json
+from admission.cli._common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_SCHEMA,
+    Commands,
+    db_url,
+    print_error,
+    print_json,
+)
 from admission.errors import SchemaRevisionError
 
 __all__ = ["add_parser"]
 
 
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from admission.sql import create_admission_engine, revision_of, upgrade
+    from admission.sql import create_admission_engine, masked_url, revision_of, upgrade
 
     engine = create_admission_engine(db_url(args))
     before = revision_of(engine)
     after = upgrade(engine, args.revision)
     engine.dispose()
-    print_json({"database": db_url(args), "from_revision": before, "revision": after})
+    print_json({"database": masked_url(db_url(args)), "from_revision": before, "revision": after})
     return EXIT_OK
 
 
 def _cmd_db_downgrade(args: argparse.Namespace) -> int:
-    from admission.sql import create_admission_engine, downgrade, revision_of
+    from admission.sql import create_admission_engine, downgrade, masked_url, revision_of
 
     engine = create_admission_engine(db_url(args))
     before = revision_of(engine)
     try:
         after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
     except RuntimeError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_REFUSED
     finally:
         engine.dispose()
-    print_json({"database": db_url(args), "from_revision": before, "revision": after})
+    print_json({"database": masked_url(db_url(args)), "from_revision": before, "revision": after})
     return EXIT_OK
 
 
 def _cmd_db_check(args: argparse.Namespace) -> int:
-    from admission.sql import HEAD_REVISION, check_revision, create_admission_engine, revision_of
+    from admission.sql import HEAD_REVISION, check_revision, create_admission_engine, masked_url, revision_of
 
     engine = create_admission_engine(db_url(args))
     revision = revision_of(engine)
-    report: dict[str, object] = {"database": db_url(args), "revision": revision, "head": HEAD_REVISION}
+    database = masked_url(db_url(args))
+    report: dict[str, object] = {"database": database, "revision": revision, "head": HEAD_REVISION}
     try:
         with engine.connect() as conn:
             check_revision(conn)

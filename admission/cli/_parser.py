@@ -22,6 +22,7 @@ from admission.cli._common import (
     EXIT_STORAGE,
     Commands,
     UsageError,
+    print_error,
 )
 from admission.errors import (
     AdmissionError,
@@ -92,21 +93,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Specific before general: a ScopeMismatchError is an InputError, yet the
     # worker's refusal of a record outside its scope exits 4, not 2.
     except UsageError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_INVALID
     except SchemaRevisionError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_SCHEMA
     except (WorkerLockedError, LeaseHeldError, FencedError) as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_OWNED
     except (RunStateError, JobStateError, QueueFullError, ScopeMismatchError, RecordStateError) as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_REFUSED
     except StorageError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_STORAGE
     except AdmissionError as exc:
-        print(f"admission: {exc}", file=sys.stderr)
+        print_error(exc)
         return EXIT_INVALID
     return code

@@ -46,6 +46,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     aes = _aes_gcm_key()
     if aes is not None:
         codecs.append(AesGcmCodec(aes[0], aes[1]))
+    from admission.sql import masked_url
+
     service = open_service(args)
     app = create_app(service, codecs=codecs_from(*codecs))
     # One JSON line saying where it listens, then uvicorn's log on stderr.
@@ -53,7 +55,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         json.dumps(
             {
                 "serving": f"http://{args.host}:{args.port}",
-                "database": db_url(args),
+                "database": masked_url(db_url(args)),
                 "codecs": [c.name for c in codecs],
                 "aes_gcm_key_id": None if aes is None else aes[1],
             }

@@ -68,14 +68,11 @@ def _target(args: argparse.Namespace) -> Target:
 
 
 def _check_worker_schema(args: argparse.Namespace) -> None:
-    from admission.sql import check_revision, create_admission_engine
+    # Opening a store checks the revision (contract §6) behind the store's
+    # driver-error boundary: an unreachable database is a StorageError.
+    from admission.sql import SqlStore
 
-    engine = create_admission_engine(db_url(args))
-    try:
-        with engine.connect() as conn:
-            check_revision(conn)
-    finally:
-        engine.dispose()
+    SqlStore.open(db_url(args)).dispose()
 
 
 def _cmd_worker_accept(args: argparse.Namespace) -> int:

@@ -105,6 +105,30 @@ def test_the_worker_commands_keep_their_fault_choices() -> None:
     assert "choose from 'outage', 'timeout', 'crash-after-write'" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--db", "nosuch://x", "db", "check"], 2),
+        (["--db", "notaurl", "signal", "wf", "go"], 2),
+        (["--db", "sqlite:////nonexistent-dir/x.db", "db", "upgrade"], 5),
+        (["--db", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x", "db", "check"], 5),
+        (["--db", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x", "signal", "wf", "go"], 5),
+        (["--db", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x", "worker", "status", "--scope", "{scope}"], 5),
+    ],
+)
+def test_a_database_it_cannot_use_is_one_line_without_the_password(
+    tmp_path: Path, args: list[str], code: int
+) -> None:
+    scope = tmp_path / "scope.json"
+    scope.write_text('{"tenant": "t"}', encoding="utf-8")
+    result = run(*(a.format(scope=scope) for a in args))
+    assert result.returncode == code, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.startswith("admission: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "s3cr3t" not in result.stderr
+
+
 def test_vectors_verify_passes_on_the_shipped_vectors() -> None:
     result = run("vectors", "verify", str(ROOT / "vectors"))
     assert result.returncode == 0, result.stderr
