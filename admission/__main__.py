@@ -1,5 +1,5 @@
 """``python -m admission`` runs the command-line interface."""
 
-from admission.cli._main import main
+from admission.cli import main
 
 raise SystemExit(main())

@@ -1,5 +1,45 @@
-"""The ``admission`` command line."""
+"""The ``admission`` command line: the composition root.
 
-from admission.cli._main import build_parser, main
+This is the only code that reads the environment or parses command-line
+input: the parser, and one module per command group.  Every command prints
+JSON on stdout.  Bad input prints one clear line naming the field on stderr,
+exits 2 and writes nothing.
 
-__all__ = ["build_parser", "main"]
+Exit codes: 0 fresh or retained; 1 a check found a mismatch; 2 invalid
+input; 3 the database is not at the schema revision this version reads;
+4 refused by run state (``run_not_active``, ``rejected_not_current``, a
+lifecycle call that does not fit; for ``worker``: a full queue, a record
+outside the scope, a record in the wrong state; for ``jobs``: an event that
+does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
+changed content under an accepted key); 10 ``request_id_ambiguous``; 11
+another worker owns the queue (file lock or lease) or this one was fenced; 5
+a storage failure; 73 the injected ``crash-after-write`` fault
+(docs/worker.md).
+"""
+
+from admission.cli._common import (
+    EXIT_AMBIGUOUS,
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_OK,
+    EXIT_OWNED,
+    EXIT_REFUSED,
+    EXIT_SCHEMA,
+    EXIT_STORAGE,
+)
+from admission.cli._parser import build_parser, main
+
+__all__ = [
+    "EXIT_AMBIGUOUS",
+    "EXIT_CONFLICT",
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_OWNED",
+    "EXIT_REFUSED",
+    "EXIT_SCHEMA",
+    "EXIT_STORAGE",
+    "build_parser",
+    "main",
+]

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 
 from admission.receipts._rules import Admission
 from admission.receipts._service import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
+from admission.sql import SqlStore, create_admission_engine, masked_url
 from admission.sql._migrate import upgrade
 from admission.sql._schema import workflow_commands
 
@@ -58,7 +58,7 @@ def run_demo(db_url: str | None = None, *, workers: int = 8) -> int:
     upgrade(engine)
     store = SqlStore(engine)
     service = AdmissionService(store)
-    _say(f"admission demo on {db_url}")
+    _say(f"admission demo on {masked_url(db_url)}")
     _say()
     run = service.start_run(NAMESPACE, WORKFLOW)
     _say(f"Workflow {WORKFLOW!r} is running (run {run.run_id[:8]}).")

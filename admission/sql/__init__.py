@@ -13,6 +13,7 @@ from admission.sql._engine import (
     constraint_name,
     create_admission_engine,
     insert_or_ignore,
+    masked_url,
     normalize_url,
     wrap_exceptions,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "current_revision",
     "downgrade",
     "insert_or_ignore",
+    "masked_url",
     "metadata",
     "normalize_url",
     "outbox_cursors",

@@ -21,9 +21,9 @@ from typing import Any, Final
 from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from admission.errors import AdmissionError, StorageError
+from admission.errors import AdmissionError, InputError, StorageError
 
 __all__ = [
     "DEFAULT_URL",
@@ -34,6 +34,7 @@ __all__ = [
     "create_admission_engine",
     "insert_or_ignore",
     "is_postgresql",
+    "masked_url",
     "normalize_url",
     "utc_or_none",
     "wrap_exceptions",
@@ -59,6 +60,15 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+def masked_url(url: str) -> str:
+    """``url`` as it may be shown in output or logs: its password, if any, as ``***``."""
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):
+        return "***"  # not parsed, so no telling which part is the password
+    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+
+
 def is_postgresql(dialect: Dialect) -> bool:
     """Whether ``dialect`` is PostgreSQL (the server); otherwise it is SQLite (embedded)."""
     return dialect.name == "postgresql"
@@ -72,7 +82,19 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
     with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
     first read (a deferred transaction that upgrades to a write can fail
     instead of waiting).  Other transactions on the engine begin deferred.
+
+    A URL that cannot be parsed, or that names a dialect or driver that is
+    not installed, raises :class:`~admission.errors.InputError` (``field``
+    ``url``), keeping SQLAlchemy's error as the cause.
     """
+    try:
+        return _configured_engine(url, **kwargs)
+    except (ArgumentError, ValueError, ImportError) as exc:
+        # SQLAlchemy's messages here name the part it could not use, never the password.
+        raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+
+
+def _configured_engine(url: str, **kwargs: Any) -> Engine:
     url = normalize_url(url)
     if make_url(url).get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", False)

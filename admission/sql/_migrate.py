@@ -7,13 +7,15 @@ store only checks the revision (contract §6).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine
 
 from admission.errors import SchemaRevisionError, StorageError
+from admission.sql._engine import wrap_exceptions
 from admission.sql._schema import KNOWN_REVISIONS, current_revision
 
 __all__ = ["alembic_config", "downgrade", "revision_of", "upgrade"]
@@ -36,8 +38,16 @@ class _XArguments:
         self.x = x
 
 
+@contextmanager
+def _connected(engine: Engine) -> Iterator[Connection]:
+    # Migrations run outside every store: the driver's errors become admission's
+    # at the same boundary the stores wear, keeping the cause.
+    with wrap_exceptions(engine.dialect), engine.connect() as conn:
+        yield conn
+
+
 def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
-    with engine.connect() as conn:
+    with _connected(engine) as conn:
         revision = current_revision(conn)
         conn.rollback()  # end the read's implicit transaction before the migration's own
         if revision is not None and revision not in KNOWN_REVISIONS:
@@ -89,5 +99,5 @@ def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> s
 
 def revision_of(engine: Engine) -> str | None:
     """The revision stamped in the database (``None`` before the first upgrade)."""
-    with engine.connect() as conn:
+    with _connected(engine) as conn:
         return current_revision(conn)

@@ -83,6 +83,52 @@ def test_bad_input_exits_2_naming_the_field(args: list[str], field: str) -> None
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["intent", "--type", "signal", "--name", "n"]])
+def test_commands_without_a_database_start_without_sqlalchemy(args: list[str]) -> None:
+    code = (
+        "import contextlib, io, sys\n"
+        "from admission.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        f"    main({args!r})\n"
+        "print(sorted(m for m in ('sqlalchemy', 'alembic', 'fastapi') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_the_worker_commands_keep_their_fault_choices() -> None:
+    result = run("worker", "once", "--scope", "s.json", "--fault", "bogus")
+    assert result.returncode == 2
+    assert "choose from 'outage', 'timeout', 'crash-after-write'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["--db", "nosuch://x", "db", "check"], 2),
+        (["--db", "notaurl", "signal", "wf", "go"], 2),
+        (["--db", "sqlite:////nonexistent-dir/x.db", "db", "upgrade"], 5),
+        (["--db", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x", "db", "check"], 5),
+        (["--db", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x", "signal", "wf", "go"], 5),
+        (["--db", "postgresql://u:s3cr3t-pw@127.0.0.1:1/x", "worker", "status", "--scope", "{scope}"], 5),
+    ],
+)
+def test_a_database_it_cannot_use_is_one_line_without_the_password(
+    tmp_path: Path, args: list[str], code: int
+) -> None:
+    scope = tmp_path / "scope.json"
+    scope.write_text('{"tenant": "t"}', encoding="utf-8")
+    result = run(*(a.format(scope=scope) for a in args))
+    assert result.returncode == code, result.stderr
+    assert result.stdout == ""
+    assert result.stderr.startswith("admission: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "s3cr3t" not in result.stderr
+
+
 def test_vectors_verify_passes_on_the_shipped_vectors() -> None:
     result = run("vectors", "verify", str(ROOT / "vectors"))
     assert result.returncode == 0, result.stderr

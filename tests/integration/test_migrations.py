@@ -13,12 +13,14 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect
 
+from admission.errors import InputError, StorageError
 from admission.sql import (
     HEAD_REVISION,
     KNOWN_REVISIONS,
     alembic_config,
     create_admission_engine,
     downgrade,
+    masked_url,
     metadata,
     revision_of,
     upgrade,
@@ -85,6 +87,36 @@ def test_downgrade_is_refused_once_new_format_receipts_exist(
     assert revision_of(engine) == HEAD_REVISION
     assert downgrade(engine, "0001", allow_unsafe=True) == "0001"
     engine.dispose()
+
+
+@pytest.mark.parametrize("url", ["notaurl", "nosuch://x", "postgresql://u:pw@h:port/x"])
+def test_an_unusable_url_is_refused_as_input_keeping_the_cause(url: str) -> None:
+    with pytest.raises(InputError) as caught:
+        create_admission_engine(url)
+    assert caught.value.field == "url"
+    assert caught.value.__cause__ is not None
+
+
+def test_a_database_that_cannot_be_opened_is_a_storage_error(tmp_path: Path) -> None:
+    engine = create_admission_engine(f"sqlite:///{tmp_path / 'no-such-dir' / 'x.sqlite3'}")
+    with pytest.raises(StorageError):
+        revision_of(engine)
+    with pytest.raises(StorageError):
+        upgrade(engine)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:s3cr3t@h:5432/x", "postgresql://u:***@h:5432/x"),
+        ("postgresql+psycopg://u:a/b:c@h/x", "postgresql+psycopg://u:***@h/x"),
+        ("postgresql://u@h/x", "postgresql://u@h/x"),
+        ("sqlite:////tmp/x.sqlite3", "sqlite:////tmp/x.sqlite3"),
+        ("notaurl", "***"),
+    ],
+)
+def test_masked_url_hides_only_the_password(url: str, shown: str) -> None:
+    assert masked_url(url) == shown
 
 
 def test_the_cli_upgrades_a_database(tmp_path: Path) -> None:

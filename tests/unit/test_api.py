@@ -72,6 +72,34 @@ def test_public_api_is_pinned() -> None:
         assert hasattr(admission, name), name
 
 
+def test_cli_face_is_pinned() -> None:
+    import admission.cli as cli
+
+    assert sorted(cli.__all__) == sorted(
+        [
+            "EXIT_AMBIGUOUS",
+            "EXIT_CONFLICT",
+            "EXIT_FAILED",
+            "EXIT_INVALID",
+            "EXIT_OK",
+            "EXIT_OWNED",
+            "EXIT_REFUSED",
+            "EXIT_SCHEMA",
+            "EXIT_STORAGE",
+            "build_parser",
+            "main",
+        ]
+    )
+    assert [cli.EXIT_OK, cli.EXIT_FAILED, cli.EXIT_INVALID, cli.EXIT_SCHEMA, cli.EXIT_REFUSED] == [
+        0,
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
+
+
 def test_public_callables_and_classes_have_docstrings() -> None:
     for name in admission.__all__:
         obj = getattr(admission, name)

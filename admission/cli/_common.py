@@ -1,0 +1,149 @@
+"""What every command shares: exit codes, the input error, JSON output, the database URL, typed input.
+
+Only the command line reads the environment; here it reads ``ADMISSION_DB``.
+Everything that needs a database is imported inside the functions, so that
+commands without one stay quick to start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeAlias
+
+from admission.errors import AdmissionError
+from admission.http import parse_json_value
+from admission.intent import canonical_decode
+
+if TYPE_CHECKING:
+    from admission.receipts import AdmissionService
+
+__all__ = [
+    "ENV_DB",
+    "EXIT_AMBIGUOUS",
+    "EXIT_CONFLICT",
+    "EXIT_FAILED",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_OWNED",
+    "EXIT_REFUSED",
+    "EXIT_SCHEMA",
+    "EXIT_STORAGE",
+    "Commands",
+    "UsageError",
+    "arguments_from",
+    "db_url",
+    "json_file",
+    "open_service",
+    "print_error",
+    "print_json",
+    "typed_arguments",
+    "typed_input",
+]
+
+EXIT_OK = 0
+"""The command did what was asked: a fresh or a retained answer."""
+EXIT_FAILED = 1
+"""A check ran and found a mismatch (for example a golden vector)."""
+EXIT_INVALID = 2
+"""The input was refused; nothing was written."""
+EXIT_SCHEMA = 3
+"""The database is not at the schema revision this version reads."""
+EXIT_REFUSED = 4
+"""Refused by run state: ``run_not_active``, ``rejected_not_current``, or a lifecycle call
+that does not fit the run."""
+EXIT_STORAGE = 5
+"""The database failed or is unavailable."""
+EXIT_CONFLICT = 9
+"""``request_id_conflict``: the key names another intent; nothing was written."""
+EXIT_AMBIGUOUS = 10
+"""``request_id_ambiguous``: the key cannot be proven to name one receipt; nothing was written."""
+
+EXIT_OWNED = 11
+"""``worker``: another worker holds the queue's file lock or live lease, or this worker was fenced."""
+
+ENV_DB = "ADMISSION_DB"
+"""The database URL when ``--db`` is not given."""
+
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+"""The top-level subparsers, to which each command group adds its own."""
+
+
+class UsageError(Exception):
+    """Bad command-line input, reported as ``<field>: <reason>``."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+
+
+def typed_input(json_text: str | None, cbor_hex: str | None, field: str, default: object) -> object:
+    """The value given as JSON (``field``) or as canonical CBOR in hex (``field-cbor``), else ``default``."""
+    if json_text is not None and cbor_hex is not None:
+        raise UsageError(field, f"give either {field} or {field}-cbor, not both")
+    if cbor_hex is not None:
+        try:
+            data = bytes.fromhex(cbor_hex)
+        except ValueError:
+            raise UsageError(f"{field}-cbor", "not a hex string") from None
+        try:
+            return canonical_decode(data)
+        except AdmissionError as exc:
+            raise UsageError(f"{field}-cbor", str(exc)) from None
+    if json_text is not None:
+        return parse_json_value(json_text, field)
+    return default
+
+
+def arguments_from(args: argparse.Namespace) -> object:
+    """The command's arguments from ``--args`` or ``--args-cbor`` (default: an empty object)."""
+    return typed_input(args.args, args.args_cbor, "--args", {})
+
+
+def typed_arguments(parser: argparse.ArgumentParser, flag: str, what: str) -> None:
+    """Add ``flag`` (JSON) and ``flag-cbor`` (canonical CBOR in hex), read back by :func:`typed_input`."""
+    parser.add_argument(flag, help=f"{what} as JSON (1 and 1.0, -0.0 and NaN are kept apart)")
+    parser.add_argument(f"{flag}-cbor", help=f"{what} as canonical CBOR, in hex")
+
+
+def print_json(payload: object) -> None:
+    """Print ``payload`` as one indented JSON document on stdout."""
+    print(json.dumps(payload, indent=2, ensure_ascii=False))
+
+
+def print_error(exc: BaseException) -> None:
+    """Print ``exc`` as one line on stderr, ``admission: <message>``."""
+    # A driver's message can span lines (psycopg adds a hint on a second
+    # line); one failure stays one line, so a script can read it as one.
+    message = " ".join(line.strip() for line in str(exc).splitlines())
+    print(f"admission: {message}", file=sys.stderr)
+
+
+def json_file(path: str | None, field: str) -> object:
+    """The JSON value in the file at ``path``; ``field`` names the option in errors."""
+    if path is None:
+        raise UsageError(field, "is required")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(field, f"cannot read {path}: {exc.strerror}") from None
+    return parse_json_value(text, field)
+
+
+def db_url(args: argparse.Namespace) -> str:
+    """The database URL: ``--db``, else ``$ADMISSION_DB``, else the embedded SQLite default."""
+    from admission.sql import DEFAULT_URL
+
+    url: str = args.db or os.environ.get(ENV_DB) or DEFAULT_URL
+    return url
+
+
+def open_service(args: argparse.Namespace) -> AdmissionService:
+    """The admission service on the database the command names."""
+    # Imported here so that commands without a database stay quick to start.
+    from admission.receipts import AdmissionService
+    from admission.sql import SqlStore
+
+    return AdmissionService(SqlStore.open(db_url(args)))

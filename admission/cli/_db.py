@@ -1,0 +1,86 @@
+"""``admission db``: upgrade, check and downgrade the schema revision (alembic)."""
+
+from __future__ import annotations
+
+import argparse
+
+from admission.cli._common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_SCHEMA,
+    Commands,
+    db_url,
+    print_error,
+    print_json,
+)
+from admission.errors import SchemaRevisionError
+
+__all__ = ["add_parser"]
+
+
+def _cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from admission.sql import create_admission_engine, masked_url, revision_of, upgrade
+
+    engine = create_admission_engine(db_url(args))
+    before = revision_of(engine)
+    after = upgrade(engine, args.revision)
+    engine.dispose()
+    print_json({"database": masked_url(db_url(args)), "from_revision": before, "revision": after})
+    return EXIT_OK
+
+
+def _cmd_db_downgrade(args: argparse.Namespace) -> int:
+    from admission.sql import create_admission_engine, downgrade, masked_url, revision_of
+
+    engine = create_admission_engine(db_url(args))
+    before = revision_of(engine)
+    try:
+        after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
+    except RuntimeError as exc:
+        print_error(exc)
+        return EXIT_REFUSED
+    finally:
+        engine.dispose()
+    print_json({"database": masked_url(db_url(args)), "from_revision": before, "revision": after})
+    return EXIT_OK
+
+
+def _cmd_db_check(args: argparse.Namespace) -> int:
+    from admission.sql import HEAD_REVISION, check_revision, create_admission_engine, masked_url, revision_of
+
+    engine = create_admission_engine(db_url(args))
+    revision = revision_of(engine)
+    database = masked_url(db_url(args))
+    report: dict[str, object] = {"database": database, "revision": revision, "head": HEAD_REVISION}
+    try:
+        with engine.connect() as conn:
+            check_revision(conn)
+    except SchemaRevisionError as exc:
+        report["ok"] = False
+        report["message"] = str(exc)
+        print_json(report)
+        return EXIT_SCHEMA
+    finally:
+        engine.dispose()
+    report["ok"] = True
+    print_json(report)
+    return EXIT_OK
+
+
+def add_parser(commands: Commands) -> None:
+    """Add ``db upgrade``, ``db check`` and ``db downgrade``."""
+    db = commands.add_parser("db", help="schema revisions (alembic)")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
+    db_upgrade.add_argument("--revision", default="head")
+    db_upgrade.set_defaults(handler=_cmd_db_upgrade)
+    db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
+    db_check.set_defaults(handler=_cmd_db_check)
+    db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")
+    db_downgrade.add_argument("revision", metavar="REVISION")
+    db_downgrade.add_argument(
+        "--allow-unsafe",
+        action="store_true",
+        help="downgrade even though receipts with intent digests, worker records or jobs exist",
+    )
+    db_downgrade.set_defaults(handler=_cmd_db_downgrade)

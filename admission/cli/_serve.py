@@ -1,0 +1,78 @@
+"""``admission serve``: the HTTP API under uvicorn, with the AES-GCM key read from the environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_service
+
+__all__ = ["add_parser"]
+
+ENV_AES_GCM_KEY = "ADMISSION_AES_GCM_KEY"
+"""The server's AES-GCM key, standard base64 of 16, 24 or 32 bytes (docs/http.md); unset: no ``aes-gcm``."""
+ENV_AES_GCM_KEY_ID = "ADMISSION_AES_GCM_KEY_ID"
+"""The key's id, part of the associated data of every envelope (default: ``default``)."""
+
+
+def _aes_gcm_key() -> tuple[bytes, str] | None:
+    # The key comes from the environment, never the command line, where any
+    # user of the machine could read it in the process list.
+    text = os.environ.get(ENV_AES_GCM_KEY)
+    if not text:
+        return None
+    import base64
+
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except ValueError:  # binascii.Error, and text that is not ASCII at all
+        raise UsageError(ENV_AES_GCM_KEY, "not standard base64") from None
+    if len(key) not in (16, 24, 32):
+        raise UsageError(ENV_AES_GCM_KEY, f"must decode to 16, 24 or 32 bytes, got {len(key)}")
+    return key, os.environ.get(ENV_AES_GCM_KEY_ID) or "default"
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from admission.http import AesGcmCodec, CborCodec, Codec, JsonCodec, codecs_from, create_app
+    except ImportError as exc:
+        raise UsageError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
+    if not 0 < args.port < 65536:
+        raise UsageError("--port", "must be 1 to 65535")
+    codecs: list[Codec] = [JsonCodec(), CborCodec()]
+    aes = _aes_gcm_key()
+    if aes is not None:
+        codecs.append(AesGcmCodec(aes[0], aes[1]))
+    from admission.sql import masked_url
+
+    service = open_service(args)
+    app = create_app(service, codecs=codecs_from(*codecs))
+    # One JSON line saying where it listens, then uvicorn's log on stderr.
+    print(
+        json.dumps(
+            {
+                "serving": f"http://{args.host}:{args.port}",
+                "database": masked_url(db_url(args)),
+                "codecs": [c.name for c in codecs],
+                "aes_gcm_key_id": None if aes is None else aes[1],
+            }
+        ),
+        flush=True,
+    )
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    return EXIT_OK
+
+
+def add_parser(commands: Commands) -> None:
+    """Add ``serve``."""
+    serve = commands.add_parser("serve", help="serve the HTTP API with uvicorn (needs the http extra)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+    serve.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    serve.set_defaults(handler=_cmd_serve)
