@@ -42,6 +42,7 @@ sys.path.insert(0, str(_HERE.parent))
 
 from admission.intent import canonical_encode  # noqa: E402
 from admission.sql import (  # noqa: E402
+    SqlWorkerStore,
     create_admission_engine,
     upgrade,
 )
@@ -65,7 +66,11 @@ def run_worker(
     engine = create_admission_engine(url)
     upgrade(engine)
     worker = DurableWorker(
-        engine, SCOPE, limits=WorkerLimits(max_waiting=n), file_lock=False, send_batch=send_batch
+        SqlWorkerStore(engine),
+        SCOPE,
+        limits=WorkerLimits(max_waiting=n),
+        file_lock=False,
+        send_batch=send_batch,
     )
     target = SqliteTarget(directory / f"t-{uuid.uuid4().hex}.sqlite3")
     records = [record(i) for i in range(n)]

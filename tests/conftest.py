@@ -55,6 +55,18 @@ def store(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path:
     yield from open_store(database_url(str(request.param), postgres_pool, tmp_path))
 
 
+@pytest.fixture(params=["memory", *SQL_BACKENDS])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Each backend a port's contract suite runs on: memory, and each selected SQL backend."""
+    return str(request.param)
+
+
+@pytest.fixture
+def backend_url(backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> str | None:
+    """A fresh database at the head revision for an SQL backend; ``None`` for memory."""
+    return None if backend == "memory" else database_url(backend, postgres_pool, tmp_path)
+
+
 SUMMARY_LINES: list[str] = []
 """Lines a test module wants in the run's summary (for example, how many
 state-machine steps ran per backend), so CI logs keep them."""

@@ -39,12 +39,15 @@ def _stop_hook() -> Callable[[str], None] | None:
 def _worker(args: argparse.Namespace) -> DurableWorker:
     # Every worker command builds its worker here and nowhere else, so that
     # the storage behind the commands can change in this one function.
-    from admission.sql import create_admission_engine
+    from admission.sql import SqlWorkerStore
     from admission.worker import DurableWorker, Scope
 
+    # Opening the store checks the schema revision (contract §6) behind the
+    # store's driver-error boundary, before anything else is read.
+    store = SqlWorkerStore.open(db_url(args))
     scope = Scope.parse(json_file(args.scope, "--scope"))
     return DurableWorker(
-        create_admission_engine(db_url(args)),
+        store,
         scope,
         queue=args.queue,
         lock_path=args.lock,
@@ -67,17 +70,8 @@ def _target(args: argparse.Namespace) -> Target:
     return target
 
 
-def _check_worker_schema(args: argparse.Namespace) -> None:
-    # Opening a store checks the revision (contract §6) behind the store's
-    # driver-error boundary: an unreachable database is a StorageError.
-    from admission.sql import SqlStore
-
-    SqlStore.open(db_url(args)).dispose()
-
-
 def _cmd_worker_accept(args: argparse.Namespace) -> int:
     record = json_file(args.record, "--record")
-    _check_worker_schema(args)
     answer = _worker(args).accept(record)
     print_json({"outcome": answer.outcome, "write_id": answer.write_id, "state": answer.state})
     return EXIT_CONFLICT if answer.outcome == "conflict" else EXIT_OK
@@ -91,7 +85,6 @@ def _cycle_json(report: object) -> dict[str, object]:
 
 
 def _cmd_worker_once(args: argparse.Namespace) -> int:
-    _check_worker_schema(args)
     worker, target = _worker(args), _target(args)
     print_json(_cycle_json(worker.run_once(target)))
     return EXIT_OK
@@ -101,7 +94,6 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    _check_worker_schema(args)
     worker, target = _worker(args), _target(args)
     stop: list[int] = []
 
@@ -133,7 +125,6 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker_status(args: argparse.Namespace) -> int:
-    _check_worker_schema(args)
     worker = _worker(args)
     if args.export:
         worker.export_status(args.export)
@@ -146,24 +137,21 @@ def _cmd_worker_observe(args: argparse.Namespace) -> int:
     if (args.snapshot is None) == (not args.missing):
         raise UsageError("--snapshot", "give either --snapshot FILE or --missing")
     snapshot = None if args.missing else json_file(args.snapshot, "--snapshot")
-    _check_worker_schema(args)
     worker = _worker(args)
     source_key, _ = worker.validate(record)
-    write_id = worker.find(source_key)["write_id"]
+    write_id = worker.find(source_key).write_id
     changed = worker.observe(write_id, snapshot, missing=args.missing)
-    print_json({"write_id": write_id, "changed": changed, "state": worker.get(write_id)["state"]})
+    print_json({"write_id": write_id, "changed": changed, "state": worker.get(write_id).state})
     return EXIT_OK
 
 
 def _cmd_worker_poll_status(args: argparse.Namespace) -> int:
-    _check_worker_schema(args)
     worker, target = _worker(args), _target(args)
     print_json(_cycle_json(worker.poll_status(target, args.poll_limit)))
     return EXIT_OK
 
 
 def _cmd_worker_resolve(args: argparse.Namespace) -> int:
-    _check_worker_schema(args)
     worker = _worker(args)
     state = worker.resolve(args.write_id, args.decision, actor=args.actor, reason=args.reason)
     print_json({"write_id": args.write_id, "state": state, "actor": args.actor, "reason": args.reason})

@@ -43,6 +43,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
+from admission.sql._worker import SqlWorkerStore
 
 __all__ = [
     "DEFAULT_URL",
@@ -55,6 +56,7 @@ __all__ = [
     "BulkStatement",
     "RawStatement",
     "SqlStore",
+    "SqlWorkerStore",
     "alembic_config",
     "as_utc",
     "check_revision",

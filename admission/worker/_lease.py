@@ -1,10 +1,10 @@
 """Exclusive ownership of a worker queue: a file lock and a lease with a fencing token (worker contract §3).
 
-On one machine a non-blocking ``fcntl.flock`` (:class:`~admission.worker._localfs.FileLock`)
+On one machine a non-blocking ``fcntl.flock`` (:class:`~admission.worker.FileLock`)
 covers the whole time a worker owns the queue.  Every owner also claims the
-queue's row in ``worker_leases``, which increments the fencing ``token``;
-the worker writes that token into every record it updates, and the trigger
-``worker_records_fence`` refuses a token that is not current.
+queue's lease in its store, which increments the fencing ``token``; the
+worker writes that token into every record it updates, and the store
+refuses a token that is not current (on SQL, the trigger ``worker_records_fence``).
 
 Liveness is judged only on the claimant's own monotonic clock: a held lease
 is taken over after the claimant has watched its (token, heartbeat) stand
@@ -17,17 +17,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from sqlalchemy import select, update
-from sqlalchemy.engine import Connection
-
 from admission.errors import FencedError, LeaseHeldError, RecordStateError
-from admission.sql._schema import worker_leases
 from admission.worker._localfs import FileLock
+from admission.worker._store import WorkerStore
 
 __all__ = ["QueueLease"]
 
@@ -49,10 +46,9 @@ class _Ownership:
 class QueueLease:
     """The ownership of one queue by one holder.
 
-    ``begin`` opens a write transaction (the worker's, so that driver errors
-    are translated at its one boundary).  ``local_exclusive``: the file lock
-    alone proves no other worker is alive (SQLite, one machine), so a claim
-    holding it takes the lease at once, still with a new token.
+    The lease lives in ``store``; ``local_exclusive``: the file lock alone
+    proves no other worker is alive (an embedded database on one machine), so
+    a claim holding it takes the lease at once, still with a new token.
     """
 
     def __init__(
@@ -60,7 +56,7 @@ class QueueLease:
         queue: str,
         holder: str,
         *,
-        begin: Callable[[], AbstractContextManager[Connection]],
+        store: WorkerStore,
         lock_path: str | os.PathLike[str] | None,
         local_exclusive: bool,
         lease_ttl: float,
@@ -73,7 +69,7 @@ class QueueLease:
         self.lock_path = None if lock_path is None else Path(lock_path)
         self.lease_ttl = lease_ttl
         self.claim_wait = claim_wait
-        self._begin = begin
+        self._store = store
         self._local_exclusive = local_exclusive
         self._now = now
         self._monotonic = monotonic
@@ -130,50 +126,36 @@ class QueueLease:
         return token
 
     def _claim_lease(self, *, local_exclusive: bool) -> int:
-        leases = worker_leases.c
-        with self._begin() as conn:
-            row = (
-                conn.execute(select(worker_leases).where(leases.queue == self.queue).with_for_update())
-                .mappings()
-                .one()
-            )
+        with self._store.transaction(self.queue) as tx:
+            lease = tx.lease()
             seen = self._monotonic()
+            pair = (lease.token, lease.heartbeat)
+            observed = self._observed
             stale = (
-                self._observed is not None
-                and (self._observed.token, self._observed.heartbeat) == (row["token"], row["heartbeat"])
-                and seen - self._observed.seen_at >= self.lease_ttl
+                observed is not None
+                and (observed.token, observed.heartbeat) == pair
+                and seen - observed.seen_at >= self.lease_ttl
             )
-            if row["holder"] is not None and not local_exclusive and not stale:
-                if self._observed is None or (self._observed.token, self._observed.heartbeat) != (
-                    row["token"],
-                    row["heartbeat"],
-                ):
-                    self._observed = _Observation(row["token"], row["heartbeat"], seen)
+            if lease.holder is not None and not local_exclusive and not stale:
+                if observed is None or (observed.token, observed.heartbeat) != pair:
+                    self._observed = _Observation(lease.token, lease.heartbeat, seen)
                 raise LeaseHeldError(
-                    f"queue {self.queue!r} is leased to {row['holder']} (token {row['token']}); "
+                    f"queue {self.queue!r} is leased to {lease.holder} (token {lease.token}); "
                     f"it is taken over only after its heartbeat stands still for {self.lease_ttl}s",
                     queue=self.queue,
-                    holder=row["holder"],
-                    token=row["token"],
+                    holder=lease.holder,
+                    token=lease.token,
                 )
-            token = int(row["token"]) + 1
-            conn.execute(
-                update(worker_leases)
-                .where(leases.queue == self.queue)
-                .values(token=token, holder=self.holder, heartbeat=0, claimed_at=self._now())
-            )
+            token = lease.token + 1
+            tx.take_lease(token, self.holder, self._now())
         self._observed = None
         return token
 
     def renew(self) -> None:
         """Bump the heartbeat under the current token; FencedError if the lease was taken."""
         owned = self._require_owned()
-        with self._begin() as conn:
-            renewed = conn.execute(
-                update(worker_leases)
-                .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
-                .values(heartbeat=worker_leases.c.heartbeat + 1)
-            ).rowcount
+        with self._store.transaction(self.queue) as tx:
+            renewed = tx.renew_lease(owned.token)
         if not renewed:
             raise FencedError(
                 f"the lease of queue {self.queue!r} is no longer token {owned.token}",
@@ -189,12 +171,8 @@ class QueueLease:
             return
         self._owned = None
         try:
-            with self._begin() as conn:
-                conn.execute(
-                    update(worker_leases)
-                    .where(worker_leases.c.queue == self.queue, worker_leases.c.token == owned.token)
-                    .values(holder=None)
-                )
+            with self._store.transaction(self.queue) as tx:
+                tx.release_lease(owned.token)
         finally:
             if owned.lock is not None:
                 owned.lock.release()

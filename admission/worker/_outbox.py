@@ -4,11 +4,12 @@ Issue 6 item 1, worker contract preamble.  :func:`record_outbox` appends an
 ``outbox.v1`` event to ``workflow_history_events`` inside the caller's
 transaction, so the work for an external target commits (or not) together
 with the admission that caused it.  :class:`OutboxRelay` reads the log after
-its tracked :class:`~admission.receipts._store.EventCursor` (``SqlStore.read_events``:
-on PostgreSQL it never passes a transaction still open) and, for each
-outbox event, accepts the record into the worker's intake *in the same
-transaction* as it moves its cursor: progress and effect commit together,
-and a crash in between leaves neither.
+its tracked :class:`~admission.receipts.EventCursor` (``Store.read_events``: on
+PostgreSQL it never passes a transaction still open) and, for each outbox
+event, accepts the record into the worker's intake *in the same transaction
+of the worker's store* as it moves its cursor, which that store keeps beside
+the records: progress and effect commit together, and a crash in between
+leaves neither.
 """
 
 from __future__ import annotations
@@ -19,18 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from sqlalchemy import select, update
-from sqlalchemy.engine import Connection
-
 from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
 from admission.intent._encoding import canonical_decode, canonical_encode
-from admission.receipts._store import EventCursor, EventRow
-from admission.sql import SqlStore
-from admission.sql._engine import insert_or_ignore
-from admission.sql._schema import outbox_cursors
+from admission.receipts._store import EventCursor, EventRow, Store
+from admission.worker._store import WorkerTransaction
 from admission.worker._worker import DurableWorker
 
-__all__ = ["OUTBOX_EVENT", "OutboxRelay", "RelayReport", "read_cursor", "record_outbox"]
+__all__ = ["OUTBOX_EVENT", "OutboxRelay", "RelayReport", "record_outbox"]
 
 OUTBOX_EVENT: Final = "outbox.v1"
 """The event type of an outbox entry in the admission event log."""
@@ -41,8 +37,8 @@ def _utcnow() -> datetime:
 
 
 def record_outbox(
-    store: SqlStore,
-    connection: Connection,
+    store: Store,
+    connection: object | None,
     namespace: str,
     workflow_id: str,
     *,
@@ -53,8 +49,9 @@ def record_outbox(
 ) -> EventRow:
     """Append an outbox entry for ``target`` to the instance's event log, in the caller's transaction.
 
-    ``connection`` comes from ``store.begin()`` (the same one the admission
-    used); nothing here commits or rolls back.  ``content`` is the record the
+    ``connection`` is the caller's transaction (``SqlStore.begin()``, the same
+    one the admission used); nothing here commits or rolls back it.  Without
+    one (a memory store) the entry is appended in a transaction of its own.  ``content`` is the record the
     worker will accept (its scope fields and ``payload``); ``source_key`` is
     its intake key.
     """
@@ -81,14 +78,6 @@ def record_outbox(
                 recorded_at=stamp,
             )
         )
-
-
-def read_cursor(connection: Connection, consumer: str) -> EventCursor:
-    """Where ``consumer`` stands in the event log (the start if it never moved)."""
-    row = connection.execute(
-        select(outbox_cursors.c.tx_id, outbox_cursors.c.position).where(outbox_cursors.c.consumer == consumer)
-    ).first()
-    return EventCursor() if row is None else EventCursor(int(row.tx_id), int(row.position))
 
 
 @dataclass(frozen=True)
@@ -118,17 +107,18 @@ def _no_hook(_point: str) -> None:
 class OutboxRelay:
     """Moves outbox entries for one target from the event log into a worker's intake.
 
-    The worker must be on the store's database: the accept and the cursor
-    move share one transaction (``hook("before_commit")`` is called inside it,
-    for crash tests).  A conflicting entry (changed content under a
-    key already accepted) is passed over and counted, as the worker contract
-    refuses it; a full queue stops the pass before the entry, which is read
-    again next time.
+    ``store`` holds the event log (any receipt :class:`~admission.receipts.Store`);
+    the relay's cursor lives in the worker's store, so the accept and the
+    cursor move share one transaction there (``hook("before_commit")`` is
+    called inside it, for crash tests).  A conflicting entry (changed content
+    under a key already accepted) is passed over and counted, as the worker
+    contract refuses it; a full queue stops the pass before the entry, which
+    is read again next time.
     """
 
     def __init__(
         self,
-        store: SqlStore,
+        store: Store,
         worker: DurableWorker,
         *,
         target: str,
@@ -136,8 +126,6 @@ class OutboxRelay:
         now: Callable[[], datetime] = _utcnow,
         hook: Callable[[str], None] = _no_hook,
     ) -> None:
-        if worker.engine.url != store.engine.url:
-            raise InvalidRecordError("the worker must be on the store's database", field="worker")
         self.store = store
         self.worker = worker
         self.target = target
@@ -147,17 +135,16 @@ class OutboxRelay:
 
     def cursor(self) -> EventCursor:
         """Where this relay stands."""
-        with self.store.engine.connect() as conn:
-            return read_cursor(conn, self.consumer)
+        return self.worker.store.read_cursor(self.consumer)
 
     def pump(self, limit: int = 100) -> RelayReport:
         """One pass over at most ``limit`` events after the cursor."""
         tally = {"read": 0, "accepted": 0, "duplicate": 0, "conflict": 0, "refused": 0}
         for event in self.store.read_events(self.cursor(), limit):
             try:
-                with self.store.begin() as conn:
-                    self._advance(conn, event)
-                    outcome = self._relay(conn, event)
+                with self.worker.store.transaction(self.worker.queue) as tx:
+                    self._advance(tx, event)
+                    outcome = self._relay(tx, event)
                     self._hook("before_commit")
             except QueueFullError:
                 return _report(tally, blocked=True)
@@ -166,7 +153,7 @@ class OutboxRelay:
                 tally[outcome] += 1
         return _report(tally, blocked=False)
 
-    def _relay(self, conn: Connection, event: EventRow) -> str | None:
+    def _relay(self, tx: WorkerTransaction, event: EventRow) -> str | None:
         if event.event_type != OUTBOX_EVENT:
             return None
         entry = canonical_decode(event.payload)
@@ -176,32 +163,18 @@ class OutboxRelay:
         source_key = entry.get("source_key")
         record = {**content, "source_key": source_key} if isinstance(content, dict) else content
         try:
-            return self.worker.accept(record, connection=conn).outcome
+            return self.worker.accept_in(tx, record).outcome
         except (InvalidRecordError, ScopeMismatchError) as exc:
             # Refused, not dropped: the refusal is an event of the worker's log,
             # committed with the cursor move, so the entry is passed over visibly.
-            self.worker.record_refusal(conn, f"outbox event {event.position}: {exc}")
+            self.worker.record_refusal(tx, f"outbox event {event.position}: {exc}")
             return "refused"
 
-    def _advance(self, conn: Connection, event: EventRow) -> None:
+    def _advance(self, tx: WorkerTransaction, event: EventRow) -> None:
         # Compare-and-set from the cursor as this transaction reads it: a second
         # relay that already moved past the event makes this one stop, not repeat.
-        current = read_cursor(conn, self.consumer)
+        current = tx.cursor(self.consumer)
         if (event.tx_id, event.position) <= (current.tx_id, current.position):
             raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")
-        values = {"tx_id": event.tx_id, "position": event.position, "updated_at": self._now()}
-        moved = conn.execute(
-            update(outbox_cursors)
-            .where(
-                outbox_cursors.c.consumer == self.consumer,
-                outbox_cursors.c.tx_id == current.tx_id,
-                outbox_cursors.c.position == current.position,
-            )
-            .values(**values)
-        ).rowcount
-        if not moved:
-            inserted = insert_or_ignore(
-                conn, outbox_cursors, {"consumer": self.consumer, **values}, ["consumer"]
-            )
-            if not inserted:
-                raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")
+        if not tx.move_cursor(self.consumer, current, EventCursor(event.tx_id, event.position), self._now()):
+            raise StorageError(f"relay {self.consumer!r} was moved by another process; pass again")

@@ -17,7 +17,7 @@ import admission.sql._engine
 from admission.errors import StorageError
 from admission.jobs import Job, JobStore
 from admission.receipts import AdmissionService
-from admission.sql import SqlStore, create_admission_engine, upgrade
+from admission.sql import SqlStore, SqlWorkerStore, create_admission_engine, upgrade
 from admission.worker import DurableWorker, Scope
 
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
@@ -56,7 +56,7 @@ def test_the_admission_store_the_job_store_and_the_worker_answer_a_busy_database
         service = AdmissionService(SqlStore(engine))
         jobs = JobStore(engine)
         jobs.enqueue(Job("j1", "tenant-a", "count", {"steps": 1}))
-        worker = DurableWorker(engine, SCOPE, file_lock=False)
+        worker = DurableWorker(SqlWorkerStore(engine), SCOPE, file_lock=False)
         record = {**SCOPE.as_dict(), "source_key": "lead-1", "payload": {}}
 
         _refused_while_held(holder, lambda: service.start_run("ns", "wf"))

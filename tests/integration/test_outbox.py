@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from admission.sql import SqlStore, outbox_cursors, worker_events, worker_records
+from admission.sql import SqlStore, SqlWorkerStore, outbox_cursors, worker_events, worker_records
 from admission.worker import DurableWorker, OutboxRelay, Scope, record_outbox
 from tests.support.processes import WAIT, running
 
@@ -19,7 +19,7 @@ SCOPE = {"tenant": "t1", "account": "a1"}
 
 def _relay_then_hang(url: str, ready: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     store = SqlStore.open(url)
-    worker = DurableWorker(store.engine, Scope.parse(SCOPE), file_lock=False)
+    worker = DurableWorker(SqlWorkerStore(store.engine), Scope.parse(SCOPE), file_lock=False)
 
     def hang(point: str) -> None:
         ready.put(point)  # accepted inside the open transaction; the parent kills us now
@@ -48,7 +48,7 @@ def test_a_relay_killed_between_accept_and_commit_leaves_neither(db_url: str, tm
         relay.join(WAIT)
     assert relay.exitcode == -signal.SIGKILL
     assert counts(store) == (0, 0)  # neither the record nor the cursor move survived
-    worker = DurableWorker(store.engine, Scope.parse(SCOPE), file_lock=False)
+    worker = DurableWorker(SqlWorkerStore(store.engine), Scope.parse(SCOPE), file_lock=False)
     again = OutboxRelay(store, worker, target="crm")
     assert again.pump().accepted == 1
     assert again.pump().read == 0
@@ -58,7 +58,7 @@ def test_a_relay_killed_between_accept_and_commit_leaves_neither(db_url: str, tm
 
 def test_an_entry_the_intake_refuses_is_recorded_and_passed_over(db_url: str) -> None:
     store = SqlStore.open(db_url)
-    worker = DurableWorker(store.engine, Scope.parse(SCOPE), file_lock=False)
+    worker = DurableWorker(SqlWorkerStore(store.engine), Scope.parse(SCOPE), file_lock=False)
     with store.begin() as conn:
         record_outbox(
             store, conn, "ns", "wf", target="crm", source_key="x", content={**SCOPE, "tenant": "t2"}

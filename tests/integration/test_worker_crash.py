@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from admission.sql import create_admission_engine
+from admission.sql import SqlWorkerStore, create_admission_engine
 from admission.testing import CRASH_EXIT_CODE
 from admission.worker import CRASH_POINTS, DurableWorker, Scope, SqliteTarget
 from tests.support.backends import SQL_BACKENDS, PostgresPool, sqlite_url
@@ -67,7 +67,7 @@ class Setup:
         """Accept in this process: the crashes under test are the worker's, not the producer's."""
         engine = create_admission_engine(self.db_url)
         try:
-            worker = DurableWorker(engine, Scope.parse(SCOPE), file_lock=False)
+            worker = DurableWorker(SqlWorkerStore(engine), Scope.parse(SCOPE), file_lock=False)
             return worker.accept({**SCOPE, "source_key": key, "payload": {"key": key}}).write_id
         finally:
             engine.dispose()
@@ -101,7 +101,7 @@ class Setup:
     def states(self) -> dict[str, str]:
         engine = create_admission_engine(self.db_url)
         try:
-            worker = DurableWorker(engine, Scope.parse(SCOPE), file_lock=False)
+            worker = DurableWorker(SqlWorkerStore(engine), Scope.parse(SCOPE), file_lock=False)
             return {str(r["write_id"]): str(r["state"]) for r in worker.status()["records"]}  # type: ignore[attr-defined]
         finally:
             engine.dispose()
@@ -109,7 +109,7 @@ class Setup:
     def events(self, write_id: str) -> list[str]:
         engine: Engine = create_admission_engine(self.db_url)
         try:
-            worker = DurableWorker(engine, Scope.parse(SCOPE), file_lock=False)
+            worker = DurableWorker(SqlWorkerStore(engine), Scope.parse(SCOPE), file_lock=False)
             return [str(e["event_type"]) for e in worker.events(write_id)]
         finally:
             engine.dispose()

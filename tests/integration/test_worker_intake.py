@@ -14,7 +14,7 @@ from sqlalchemy import Engine, func, select
 
 from admission.errors import QueueFullError
 from admission.intent import canonical_encode
-from admission.sql import create_admission_engine, worker_events, worker_records
+from admission.sql import SqlWorkerStore, create_admission_engine, worker_events, worker_records
 from admission.worker import DurableWorker, Scope, WorkerLimits
 from tests.support.processes import running
 from tests.support.strategies import VALUES
@@ -27,7 +27,7 @@ PRODUCERS = 4
 def _produce(url: str, keys: list[str], limit: int, barrier: Barrier, results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
     engine = create_admission_engine(url)
     worker = DurableWorker(
-        engine, Scope.parse(SCOPE), file_lock=False, limits=WorkerLimits(max_waiting=limit)
+        SqlWorkerStore(engine), Scope.parse(SCOPE), file_lock=False, limits=WorkerLimits(max_waiting=limit)
     )
     barrier.wait()
     answers = []
@@ -86,7 +86,7 @@ def test_a_replay_is_duplicate_exactly_when_the_canonical_content_is_equal(
     engine: Engine, first: object, second: object, key: int
 ) -> None:
     worker = DurableWorker(
-        engine, Scope.parse(SCOPE), file_lock=False, limits=WorkerLimits(max_waiting=10**6)
+        SqlWorkerStore(engine), Scope.parse(SCOPE), file_lock=False, limits=WorkerLimits(max_waiting=10**6)
     )
     source_key = f"k{key}-{canonical_encode(first).hex()[:16]}-{canonical_encode(second).hex()[:16]}"
     answer = worker.accept({**SCOPE, "source_key": source_key, "payload": first})

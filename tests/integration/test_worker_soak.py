@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from admission.errors import BeforeWriteError, QueueFullError, TargetTimeoutError
-from admission.sql import create_admission_engine
+from admission.sql import SqlWorkerStore, create_admission_engine
 from admission.worker import (
     CRASH_POINTS,
     DurableWorker,
@@ -93,7 +93,9 @@ def _life(url: str, target_path: str, progress_path: str, seed: int) -> None:
 
     engine = create_admission_engine(url)
     # The local worker's own ownership: the file lock, which a killed life releases at once.
-    worker = DurableWorker(engine, Scope.parse(SCOPE), hook=hook, send_batch=rng.choice([1, 8]))
+    worker = DurableWorker(
+        SqlWorkerStore(engine), Scope.parse(SCOPE), hook=hook, send_batch=rng.choice([1, 8])
+    )
     for cycle in range(CYCLES_PER_LIFE):
         offered = progress["accepted"]
         for i in range(offered, min(offered + 150, RECORDS)):
@@ -122,7 +124,7 @@ def test_a_thousand_records_through_random_faults_and_real_restarts(tmp_path: Pa
     progress_path = tmp_path / "progress.json"
     write_json_atomically(progress_path, {"accepted": 0, "refusals": 0, "drawn": {}})
     engine = create_admission_engine(url)
-    observer = DurableWorker(engine, Scope.parse(SCOPE))
+    observer = DurableWorker(SqlWorkerStore(engine), Scope.parse(SCOPE))
     kills = lives = 0
     while True:
         life = CTX.Process(target=_life, args=(url, str(target_path), str(progress_path), SEED + lives))
