@@ -5,6 +5,8 @@
 PostgreSQL) and answers with a typed ``Admission`` (contract §4, §5).
 """
 
+from admission.receipts._answers import HistoryEvent, PruneReport, RunInfo
+from admission.receipts._memory import MemoryStore
 from admission.receipts._rules import (
     CLOSE_EVENTS,
     RUN_TRANSITIONS,
@@ -28,21 +30,13 @@ from admission.receipts._rules import (
     lifecycle_diagram,
     select_receipt,
 )
-from admission.receipts._service import (
-    DEFAULT_RETENTION_DAYS,
-    AdmissionService,
-    HistoryEvent,
-    PruneReport,
-    RunInfo,
-    utc_now,
-)
+from admission.receipts._service import DEFAULT_RETENTION_DAYS, AdmissionService, utc_now
 from admission.receipts._store import (
     CommandRow,
     EventCursor,
     EventRow,
     InstanceRow,
     LockedInstance,
-    MemoryStore,
     PruneCounts,
     PruneTarget,
     RunRow,

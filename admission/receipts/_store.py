@@ -3,8 +3,8 @@
 The admission service speaks only to :class:`Store`.  A store opens a
 *locked instance*: everything the service reads and writes about one workflow
 instance happens inside it, under the admission lock (contract §4), and it
-commits or rolls back as a whole.  :class:`MemoryStore` is a real
-implementation of the port (not a mock): the contract suite and the
+commits or rolls back as a whole.  :class:`~admission.receipts.MemoryStore` is
+a real implementation of the port (not a mock): the contract suite and the
 conformance state machine run against it, SQLite and PostgreSQL alike.
 
 Pure: no SQLAlchemy, no clock (times are passed in).
@@ -12,10 +12,9 @@ Pure: no SQLAlchemy, no clock (times are passed in).
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -25,7 +24,6 @@ __all__ = [
     "EventRow",
     "InstanceRow",
     "LockedInstance",
-    "MemoryStore",
     "PruneCounts",
     "PruneTarget",
     "RunRow",
@@ -280,250 +278,3 @@ class Store(Protocol):
         """Every chain of runs whose last run closed before ``before``, and every
         instance with run-less refusals older than that (contract §5)."""
         ...
-
-
-# --------------------------------------------------------------------------
-# The in-memory reference store.
-
-
-@dataclass
-class _Tables:
-    instances: dict[str, InstanceRow]
-    instance_keys: dict[tuple[str, str], str]
-    runs: dict[str, RunRow]
-    commands: dict[str, CommandRow]
-    request_index: dict[tuple[str, str, str], str]
-    updates: dict[str, UpdateRow]
-    events: list[EventRow]
-    last_position: int = 0
-
-    def copy(self) -> _Tables:
-        return _Tables(
-            dict(self.instances),
-            dict(self.instance_keys),
-            dict(self.runs),
-            dict(self.commands),
-            dict(self.request_index),
-            dict(self.updates),
-            list(self.events),
-            self.last_position,
-        )
-
-
-class _MemoryLocked:
-    def __init__(self, tables: _Tables, instance_id: str) -> None:
-        self._t = tables
-        self._id = instance_id
-
-    @property
-    def instance(self) -> InstanceRow:
-        return self._t.instances[self._id]
-
-    def run(self, run_id: str) -> RunRow | None:
-        run = self._t.runs.get(run_id)
-        return run if run is not None and run.instance_id == self._id else None
-
-    def current_run(self) -> RunRow | None:
-        current = self.instance.current_run_id
-        return None if current is None else self.run(current)
-
-    def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
-        wanted = set(request_ids)
-        rows = [
-            c
-            for c in self._t.commands.values()
-            if c.instance_id == self._id and c.command_type == command_type and c.request_id in wanted
-        ]
-        return sorted(rows, key=lambda c: (c.created_at, c.command_sequence))
-
-    def get_command(self, command_id: str) -> CommandRow | None:
-        row = self._t.commands.get(command_id)
-        return row if row is not None and row.instance_id == self._id else None
-
-    def next_command_sequence(self) -> int:
-        return 1 + max(
-            (c.command_sequence for c in self._t.commands.values() if c.instance_id == self._id), default=0
-        )
-
-    def insert_command(self, row: CommandRow) -> bool:
-        if row.request_id is not None:
-            key = (row.instance_id, row.command_type, row.request_id)
-            if key in self._t.request_index:
-                return False
-            self._t.request_index[key] = row.id
-        self._t.commands[row.id] = row
-        return True
-
-    def update_for_command(self, command_id: str) -> UpdateRow | None:
-        return next((u for u in self._t.updates.values() if u.command_id == command_id), None)
-
-    def get_update(self, update_id: str) -> UpdateRow | None:
-        update = self._t.updates.get(update_id)
-        return update if update is not None and update.instance_id == self._id else None
-
-    def insert_update(self, row: UpdateRow) -> None:
-        self._t.updates[row.id] = row
-
-    def save_update(self, row: UpdateRow) -> None:
-        self._t.updates[row.id] = row
-
-    def save_command(self, row: CommandRow) -> None:
-        self._t.commands[row.id] = row
-
-    def pending_commands(self, run_ids: Sequence[str]) -> list[tuple[CommandRow, UpdateRow | None]]:
-        runs = set(run_ids)
-        found = []
-        for command in self._t.commands.values():
-            if command.instance_id != self._id or command.run_id not in runs:
-                continue
-            update = self.update_for_command(command.id) if command.command_type == "update" else None
-            if (update is None and command.status == "received") or (
-                update is not None and update.status == "accepted"
-            ):
-                found.append((command, update))
-        return sorted(found, key=lambda pair: pair[0].command_sequence)
-
-    def insert_run(self, row: RunRow) -> None:
-        self._t.runs[row.id] = row
-
-    def save_run(self, row: RunRow) -> None:
-        self._t.runs[row.id] = row
-
-    def set_current_run(self, run_id: str | None) -> None:
-        self._t.instances[self._id] = replace(self.instance, current_run_id=run_id)
-
-    def append_event(self, event: EventRow) -> EventRow:
-        self._t.last_position += 1
-        stored = replace(event, position=self._t.last_position, tx_id=0)
-        self._t.events.append(stored)
-        return stored
-
-    def delete_runs(self, run_ids: Sequence[str]) -> PruneCounts:
-        runs = set(run_ids) & {r.id for r in self._t.runs.values() if r.instance_id == self._id}
-        commands = {c.id for c in self._t.commands.values() if c.instance_id == self._id and c.run_id in runs}
-        updates = {u.id for u in self._t.updates.values() if u.instance_id == self._id and u.run_id in runs}
-        return self._delete(runs, commands, updates, lambda e: e.run_id in runs)
-
-    def delete_runless_refusals(self, before: datetime) -> PruneCounts:
-        commands = {
-            c.id
-            for c in self._t.commands.values()
-            if c.instance_id == self._id and c.run_id is None and c.created_at < before
-        }
-        return self._delete(set(), commands, set(), lambda e: e.run_id is None and e.command_id in commands)
-
-    def _delete(
-        self, runs: set[str], commands: set[str], updates: set[str], event_matches: Callable[[EventRow], bool]
-    ) -> PruneCounts:
-        kept = [e for e in self._t.events if not (e.instance_id == self._id and event_matches(e))]
-        events = len(self._t.events) - len(kept)
-        self._t.events = kept
-        for update_id in updates:
-            del self._t.updates[update_id]
-        for command_id in commands:
-            row = self._t.commands.pop(command_id)
-            if row.request_id is not None:
-                self._t.request_index.pop((row.instance_id, row.command_type, row.request_id), None)
-        for run_id in runs:
-            del self._t.runs[run_id]
-        if self.instance.current_run_id in runs:
-            self.set_current_run(None)
-        return PruneCounts(len(runs), len(commands), len(updates), events)
-
-
-class MemoryStore:
-    """A complete in-memory :class:`Store`: one lock, copy-on-begin transactions.
-
-    Meant for tests and for engines that keep receipts in memory; it keeps
-    nothing across processes.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._tables = _Tables({}, {}, {}, {}, {}, {}, [])
-
-    @contextmanager
-    def _transaction(
-        self, namespace: str, workflow_id: str, created_at: datetime, new_id: str
-    ) -> Iterator[LockedInstance]:
-        with self._lock:
-            working = self._tables.copy()
-            instance_id = working.instance_keys.get((namespace, workflow_id))
-            if instance_id is None:
-                instance_id = new_id
-                working.instances[new_id] = InstanceRow(new_id, namespace, workflow_id, None, created_at)
-                working.instance_keys[(namespace, workflow_id)] = new_id
-            yield _MemoryLocked(working, instance_id)
-            # Reached only without an exception: the transaction commits.
-            self._tables = working
-
-    def locked(
-        self,
-        namespace: str,
-        workflow_id: str,
-        *,
-        created_at: datetime,
-        new_id: str,
-        connection: object | None = None,
-    ) -> AbstractContextManager[LockedInstance]:
-        """Open a transaction on one instance (see :meth:`Store.locked`)."""
-        if connection is not None:
-            raise TypeError("MemoryStore does not take a caller's connection")
-        return self._transaction(namespace, workflow_id, created_at, new_id)
-
-    def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
-        """Read an instance without locking it."""
-        with self._lock:
-            instance_id = self._tables.instance_keys.get((namespace, workflow_id))
-            return None if instance_id is None else self._tables.instances[instance_id]
-
-    def read_receipts(
-        self, namespace: str, workflow_id: str, command_type: str, request_ids: Sequence[str]
-    ) -> list[tuple[CommandRow, UpdateRow | None]]:
-        """Commands of one instance and type by ``request_id`` values, each with its update."""
-        with self._lock:
-            instance_id = self._tables.instance_keys.get((namespace, workflow_id))
-            if instance_id is None:
-                return []
-            view = _MemoryLocked(self._tables, instance_id)
-            return [(c, view.update_for_command(c.id)) for c in view.find_commands(command_type, request_ids)]
-
-    def read_history(self, instance_id: str) -> list[EventRow]:
-        """Every event of one instance, in log order."""
-        with self._lock:
-            return [e for e in self._tables.events if e.instance_id == instance_id]
-
-    def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
-        """Events after ``after``, in log order (one writer at a time: nothing can commit behind)."""
-        with self._lock:
-            return [e for e in self._tables.events if EventCursor(e.tx_id, e.position) > after][:limit]
-
-    def prune_targets(self, before: datetime) -> list[PruneTarget]:
-        """Chains whose last run closed before ``before``, and instances with old run-less refusals."""
-        with self._lock:
-            return expired_targets(
-                self._tables.instances.values(),
-                self._tables.runs.values(),
-                [c for c in self._tables.commands.values() if c.run_id is None],
-                before,
-            )
-
-
-def expired_targets(
-    instances: Iterable[InstanceRow], runs: Iterable[RunRow], runless: Iterable[CommandRow], before: datetime
-) -> list[PruneTarget]:
-    """The retention rule (contract §5), as the reference for every store.
-
-    A run's receipts live as long as its history, and a command handed to a
-    continue-as-new successor lives with the successor: so a chain of runs
-    (linked by ``continued_from_run_id``) is pruned as a whole, once its last
-    run — one closed other than by continuing — closed before ``before``.
-    """
-    names = {i.id: (i.namespace, i.workflow_id) for i in instances}
-    ends = sorted(
-        (r for r in runs if r.status not in ("open", "continued") and r.closed_at and r.closed_at < before),
-        key=lambda r: (r.closed_at, r.id),
-    )
-    targets = [PruneTarget(*names[r.instance_id], r.id) for r in ends]
-    stale = sorted({c.instance_id for c in runless if c.created_at < before})
-    return targets + [PruneTarget(*names[i], None) for i in stale]
