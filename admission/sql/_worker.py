@@ -194,7 +194,7 @@ class _SqlWorkerTransaction:
         unknown = set(changes) - RECORD_CHANGES
         if unknown:
             raise ValueError(f"not a record change: {sorted(unknown)}")
-        with self._store.fenced(self._queue, fence):
+        with self._store._fenced(self._queue, fence):
             changed = self._conn.execute(
                 update(worker_records)
                 .where(worker_records.c.write_id == write_id, worker_records.c.state == expected)
@@ -212,8 +212,8 @@ class _SqlWorkerTransaction:
         *,
         count_attempt: bool,
     ) -> int:
-        with self._store.fenced(self._queue, fence):
-            return self._store.steps[count_attempt].execute(
+        with self._store._fenced(self._queue, fence):
+            return self._store._steps[count_attempt].execute(
                 self._conn,
                 [{"match_write_id": write_id} for write_id in write_ids],
                 {"match_state": expected, "new_state": state, "now": now, "new_fence": fence},
@@ -221,7 +221,7 @@ class _SqlWorkerTransaction:
 
     def record_events(self, event: WorkerEvent, write_ids: Sequence[str | None]) -> None:
         common = {key: getattr(event, key) for key in _EVENT_COMMON}
-        self._store.event_insert.insert(self._conn, [{"write_id": w} for w in write_ids], common)
+        self._store._event_insert.insert(self._conn, [{"write_id": w} for w in write_ids], common)
 
     def cursor(self, consumer: str) -> EventCursor:
         return _cursor(self._conn, consumer)
@@ -267,8 +267,8 @@ class SqlWorkerStore:
         self.engine = engine
         self._postgres = is_postgresql(engine.dialect)
         # A transition of a batch writes one event per record: on the hot path.
-        self.event_insert = BulkInsert(worker_events, engine.dialect, _EVENT_KEYS)
-        self.steps = {
+        self._event_insert = BulkInsert(worker_events, engine.dialect, _EVENT_KEYS)
+        self._steps = {
             False: BulkStatement(_STEP_MANY, engine.dialect),
             True: BulkStatement(_STEP_MANY_ATTEMPT, engine.dialect),
         }
@@ -295,8 +295,8 @@ class SqlWorkerStore:
         database = self.engine.url.database
         return None if self._postgres or not database else f"{database}.{queue}.lock"
 
-    def fenced(self, queue: str, fence: int) -> AbstractContextManager[None]:
-        """The boundary for a record update: the fencing trigger's refusal is a :class:`FencedError`."""
+    def _fenced(self, queue: str, fence: int) -> AbstractContextManager[None]:
+        # The boundary for a record update: the fencing trigger's refusal is a FencedError.
         return wrap_exceptions(self.engine.dialect, {"worker_fence": lambda: stale_fence(queue, fence)})
 
     @contextmanager
