@@ -2,7 +2,7 @@
  * admission._speedups: an optional C accelerator for the canonical encoding
  * `intent-v1` (docs/encoding.md, contract section 3).
  *
- * The pure-Python walk in admission/encoding.py is the definition of the
+ * The pure-Python walk in admission/intent/_encoding.py is the definition of the
  * bytes; this module only produces the same bytes faster.  It does not
  * explain refusals: on any refusal encode() returns None and the caller
  * re-runs the Python encoder, which raises the precise InvalidValueError

@@ -1,4 +1,4 @@
-# Stub for the optional C extension admission/_speedups.c.
+# Stub for the optional C extension admission/intent/_speedups.c.
 
 def encode(value: object, limit: int, /) -> bytes | None:
     """The canonical intent-v1 encoding of ``value``, or None if it is refused.
