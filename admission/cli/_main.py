@@ -52,7 +52,7 @@ from admission.intent._keys import receipt_token, validate_request_id
 from admission.receipts._rules import Admission, Decision
 
 if TYPE_CHECKING:
-    from admission.jobs._store import JobStore
+    from admission.jobs._service import JobService
     from admission.receipts._service import AdmissionService
     from admission.worker._targets import Target
     from admission.worker._worker import DurableWorker
@@ -409,10 +409,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 # -- durable jobs (docs/jobs.md) ------------------------------------------------------------
 
 
-def _jobs(args: argparse.Namespace) -> JobStore:
-    from admission.jobs._store import JobStore
+def _jobs(args: argparse.Namespace) -> JobService:
+    from admission.jobs._service import JobService
+    from admission.sql._jobs import SqlJobStore
 
-    return JobStore.open(_db_url(args))
+    return JobService(SqlJobStore.open(_db_url(args)))
 
 
 def _cmd_jobs_status(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""The durable job store on every SQL backend (worker contract §3, §4; docs/jobs.md)."""
+"""The durable job service on every SQL backend (worker contract §3, §4; docs/jobs.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import select
+from sqlalchemy import Engine
 
 from admission.errors import (
     InvalidJobError,
@@ -30,14 +30,14 @@ from admission.jobs import (
     Finish,
     Job,
     JobRunner,
-    JobStore,
+    JobService,
     LocalPublisher,
     PublishedResult,
     bounded_diagnostic,
     find_cycle,
 )
-from admission.sql import HEAD_REVISION, downgrade, revision_of, worker_jobs
-from tests.support.jobkit import LEASE, Counting, ManualClock, counts, expire, open_jobs
+from admission.sql import HEAD_REVISION, SqlJobStore, downgrade, revision_of
+from tests.support.jobkit import LEASE, Counting, ManualClock, expire, footprint, open_jobs
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def jobs(db_url: str, clock: ManualClock) -> Iterator[JobStore]:
+def jobs(db_url: str, clock: ManualClock) -> Iterator[JobService]:
     store = open_jobs(db_url, clock)
     yield store
     store.dispose()
@@ -60,11 +60,16 @@ def target(tmp_path: Path) -> LocalPublisher:
 MARKS = {"enqueue", "paused", "resumed", "cancel_requested", "stop_requested", "result_recorded"}
 
 
+def engine_of(service: JobService) -> Engine:
+    assert isinstance(service.store, SqlJobStore)
+    return service.store.engine
+
+
 def job(job_id: str = "j1", steps: int = 3, **kw: object) -> Job:
     return Job(job_id, kw.pop("scope", "tenant-a"), "count", {"steps": steps}, **kw)  # type: ignore[arg-type]
 
 
-def runner(store: JobStore, target: LocalPublisher, handler: Counting | None = None) -> JobRunner:
+def runner(store: JobService, target: LocalPublisher, handler: Counting | None = None) -> JobRunner:
     return JobRunner(store, target, {"count": handler or Counting()})
 
 
@@ -72,10 +77,10 @@ def runner(store: JobStore, target: LocalPublisher, handler: Counting | None = N
 
 
 def test_same_content_is_a_duplicate_and_changed_content_a_conflict_that_writes_nothing(
-    jobs: JobStore,
+    jobs: JobService,
 ) -> None:
     assert jobs.enqueue(job()).outcome == "enqueued"
-    before = counts(jobs.engine)
+    before = footprint(jobs, "j1")
     assert jobs.enqueue(job()).outcome == "duplicate"
     for changed in (
         job(steps=4),
@@ -85,38 +90,39 @@ def test_same_content_is_a_duplicate_and_changed_content_a_conflict_that_writes_
     ):
         answer = jobs.enqueue(changed)
         assert (answer.outcome, answer.state) == ("conflict", "queued")
-    assert counts(jobs.engine) == before
-    with jobs.engine.connect() as conn:
-        stored = conn.execute(select(worker_jobs.c.payload).where(worker_jobs.c.job_id == "j1")).scalar_one()
-    assert bytes(stored) == canonical_encode({"steps": 3})
+    assert footprint(jobs, "j1") == before
+    with jobs.store.transaction() as tx:
+        stored = tx.lock_job("j1")
+    assert stored is not None and stored.payload == canonical_encode({"steps": 3})
 
 
-def test_dependency_order_does_not_change_the_canonical_content(jobs: JobStore) -> None:
+def test_dependency_order_does_not_change_the_canonical_content(jobs: JobService) -> None:
     jobs.enqueue_all([job("a"), job("b")])
     assert jobs.enqueue(job("c", depends_on=("a", "b"))).outcome == "enqueued"
     assert jobs.enqueue(job("c", depends_on=("b", "a"))).outcome == "duplicate"
 
 
-def test_a_batch_with_one_conflict_writes_nothing(jobs: JobStore) -> None:
+def test_a_batch_with_one_conflict_writes_nothing(jobs: JobService) -> None:
     jobs.enqueue(job("a"))
-    before = counts(jobs.engine)
+    before = footprint(jobs, "a", "new")
     answers = jobs.enqueue_all([job("new"), job("a", steps=9)])
     assert [a.outcome for a in answers] == ["aborted", "conflict"]
-    assert counts(jobs.engine) == before
+    assert footprint(jobs, "a", "new") == before
     with pytest.raises(UnknownJobError):
         jobs.status("new")
 
 
-def test_the_queue_is_bounded_at_128_waiting_jobs_per_scope_with_a_typed_refusal(jobs: JobStore) -> None:
+def test_the_queue_is_bounded_at_128_waiting_jobs_per_scope_with_a_typed_refusal(jobs: JobService) -> None:
     assert DEFAULT_MAX_WAITING == 128
     answers = jobs.enqueue_all([job(f"j{i}") for i in range(128)])
     assert {a.outcome for a in answers} == {"enqueued"}
-    before = counts(jobs.engine)
+    known = [f"j{i}" for i in range(128)] + ["one-too-many"]
+    before = footprint(jobs, *known)
     with pytest.raises(JobQueueFullError) as refused:
         jobs.enqueue(job("one-too-many"))
     assert (refused.value.scope, refused.value.waiting, refused.value.limit) == ("tenant-a", 128, 128)
     assert refused.value.code == "job_queue_full"
-    assert counts(jobs.engine) == before
+    assert footprint(jobs, *known) == before
     # Another scope has its own bound; a duplicate of a waiting job is still answered.
     assert jobs.enqueue(job("elsewhere", scope="tenant-b")).outcome == "enqueued"
     assert jobs.enqueue(job("j0")).outcome == "duplicate"
@@ -129,10 +135,10 @@ def test_a_batch_past_the_bound_is_refused_whole(db_url: str, clock: ManualClock
     store = open_jobs(db_url, clock, max_waiting=3)
     try:
         store.enqueue(job("a"))
-        before = counts(store.engine)
+        before = footprint(store, "a", "b", "c", "d")
         with pytest.raises(JobQueueFullError):
             store.enqueue_all([job("b"), job("c"), job("d")])
-        assert counts(store.engine) == before
+        assert footprint(store, "a", "b", "c", "d") == before
         assert [a.outcome for a in store.enqueue_all([job("b"), job("c")])] == ["enqueued", "enqueued"]
     finally:
         store.dispose()
@@ -178,18 +184,18 @@ def test_running_and_retrying_jobs_count_against_the_bound_so_a_retry_never_pass
     ],
 )
 def test_a_malformed_job_is_refused_naming_the_field_and_nothing_is_written(
-    jobs: JobStore, bad: Job, field: str
+    jobs: JobService, bad: Job, field: str
 ) -> None:
-    before = counts(jobs.engine)
+    before = footprint(jobs, bad.job_id)
     with pytest.raises(InvalidJobError) as refused:
         jobs.enqueue(bad)
     assert refused.value.field == field and refused.value.code == "job_invalid"
     assert str(refused.value).startswith(f"{field}: ")
-    assert counts(jobs.engine) == before
+    assert footprint(jobs, bad.job_id) == before
     assert pickle.loads(pickle.dumps(refused.value)).field == field
 
 
-def test_attempts_are_bounded_at_three_by_default(jobs: JobStore, target: LocalPublisher) -> None:
+def test_attempts_are_bounded_at_three_by_default(jobs: JobService, target: LocalPublisher) -> None:
     assert DEFAULT_MAX_ATTEMPTS == 3
     jobs.enqueue(job())
     handler = Counting(fail_at={})
@@ -205,18 +211,18 @@ def test_attempts_are_bounded_at_three_by_default(jobs: JobStore, target: LocalP
     assert target.count() == 0
 
 
-def test_a_diagnostic_over_2_kib_is_refused_and_bounded_diagnostic_fits_visibly(jobs: JobStore) -> None:
+def test_a_diagnostic_over_2_kib_is_refused_and_bounded_diagnostic_fits_visibly(jobs: JobService) -> None:
     jobs.enqueue(job())
     lease = jobs.claim("j1").lease
     assert lease is not None
-    before = counts(jobs.engine)
+    before = footprint(jobs, "j1")
     with pytest.raises(InvalidJobError) as refused:
         jobs.fail(lease, "é" * (MAX_DIAGNOSTIC_BYTES // 2 + 1), retryable=True)
     assert refused.value.field == "diagnostic"
     with pytest.raises(InvalidJobError) as surrogate:
         jobs.fail(lease, "broken \ud800 text", retryable=True)  # no database can store it
     assert surrogate.value.field == "diagnostic" and "surrogate" in str(surrogate.value)
-    assert counts(jobs.engine) == before and jobs.status("j1").state == "running"
+    assert footprint(jobs, "j1") == before and jobs.status("j1").state == "running"
     cut = bounded_diagnostic("é" * 5000)
     assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES and cut.endswith("[truncated 10000 bytes]")
     jobs.fail(lease, cut, retryable=True)
@@ -226,23 +232,23 @@ def test_a_diagnostic_over_2_kib_is_refused_and_bounded_diagnostic_fits_visibly(
 # -- dependencies ---------------------------------------------------------------------------------------
 
 
-def test_a_dependency_must_exist(jobs: JobStore) -> None:
+def test_a_dependency_must_exist(jobs: JobService) -> None:
     with pytest.raises(InvalidJobError, match="'ghost' does not exist") as refused:
         jobs.enqueue(job("a", depends_on=("ghost",)))
     assert refused.value.field == "depends_on"
-    assert counts(jobs.engine)["worker_jobs"] == 0
+    assert jobs.counts() == {}
 
 
 @pytest.mark.parametrize("size", [2, 3, 7])
-def test_a_dependency_cycle_in_a_batch_is_refused_and_nothing_written(jobs: JobStore, size: int) -> None:
+def test_a_dependency_cycle_in_a_batch_is_refused_and_nothing_written(jobs: JobService, size: int) -> None:
     ring = [job(f"r{i}", depends_on=(f"r{(i + 1) % size}",)) for i in range(size)]
     with pytest.raises(InvalidJobError, match="cycle r0 -> ") as refused:
         jobs.enqueue_all([job("fine"), *ring])
     assert refused.value.field == "depends_on"
-    assert counts(jobs.engine)["worker_jobs"] == 0
+    assert jobs.counts() == {}
 
 
-def test_a_job_is_blocked_until_its_dependencies_completed(jobs: JobStore, target: LocalPublisher) -> None:
+def test_a_job_is_blocked_until_its_dependencies_completed(jobs: JobService, target: LocalPublisher) -> None:
     handler = Counting()
     run = runner(jobs, target, handler)
     answers = jobs.enqueue_all([job("c", depends_on=("a", "b")), job("a", steps=1), job("b", steps=1)])
@@ -259,7 +265,7 @@ def test_a_job_is_blocked_until_its_dependencies_completed(jobs: JobStore, targe
 
 
 def test_a_failed_dependency_fails_its_dependents_transitively(
-    jobs: JobStore, target: LocalPublisher
+    jobs: JobService, target: LocalPublisher
 ) -> None:
     jobs.enqueue_all([job("a"), job("b", depends_on=("a",)), job("c", depends_on=("b",))])
     handler = Counting(fail_at={1: ValueError("broken")})
@@ -272,11 +278,11 @@ def test_a_failed_dependency_fails_its_dependents_transitively(
 
 
 def test_claim_next_finds_a_waiting_job_behind_more_running_ones_than_it_scans(db_url: str) -> None:
-    import admission.jobs._store
+    import admission.jobs._service
 
     store = open_jobs(db_url, max_waiting=200)
     try:
-        running = admission.jobs._store._CLAIM_SCAN + 2
+        running = admission.jobs._service._CLAIM_SCAN + 2
         for i in range(running + 3):
             store.enqueue(job(f"j{i:03d}"))
         for i in range(running):  # the oldest ones hold live leases
@@ -313,9 +319,9 @@ def test_a_dependent_enqueued_while_its_dependency_completes_is_never_left_block
             thread.start()
             time.sleep(0.5)  # time for the enqueue to finish, unless it waits for this commit
 
-        event.listen(finishing.engine, "after_cursor_execute", meanwhile)
+        event.listen(engine_of(finishing), "after_cursor_execute", meanwhile)
         finishing.complete(lease)
-        event.remove(finishing.engine, "after_cursor_execute", meanwhile)
+        event.remove(engine_of(finishing), "after_cursor_execute", meanwhile)
         [thread] = threads
         thread.join(30)
         assert finishing.status("a").state == "completed"
@@ -328,7 +334,7 @@ def test_a_dependent_enqueued_while_its_dependency_completes_is_never_left_block
 # -- pause, stop, cancel ----------------------------------------------------------------------------
 
 
-def test_pause_stops_new_claims_until_resume(jobs: JobStore, target: LocalPublisher) -> None:
+def test_pause_stops_new_claims_until_resume(jobs: JobService, target: LocalPublisher) -> None:
     jobs.enqueue(job())
     assert jobs.pause("j1").paused
     assert (jobs.claim("j1").outcome, jobs.claim("j1").reason) == ("not_claimable", "paused")
@@ -339,7 +345,7 @@ def test_pause_stops_new_claims_until_resume(jobs: JobStore, target: LocalPublis
     assert [e.event for e in jobs.events("j1")][:3] == ["enqueue", "paused", "resumed"]
 
 
-def test_pause_also_stops_the_reclaim_of_an_expired_lease(jobs: JobStore, clock: ManualClock) -> None:
+def test_pause_also_stops_the_reclaim_of_an_expired_lease(jobs: JobService, clock: ManualClock) -> None:
     jobs.enqueue(job())
     assert jobs.claim("j1").outcome == "claimed"
     jobs.pause("j1")
@@ -348,7 +354,7 @@ def test_pause_also_stops_the_reclaim_of_an_expired_lease(jobs: JobStore, clock:
 
 
 @pytest.mark.parametrize("request_name", ["stop", "cancel"])
-def test_stop_and_cancel_end_a_waiting_job(jobs: JobStore, request_name: str) -> None:
+def test_stop_and_cancel_end_a_waiting_job(jobs: JobService, request_name: str) -> None:
     jobs.enqueue_all([job("q"), job("b", depends_on=("q",))])
     view = getattr(jobs, request_name)("b")
     assert (view.state, view.reason) == ("cancelled", "stopped" if request_name == "stop" else "cancelled")
@@ -356,7 +362,7 @@ def test_stop_and_cancel_end_a_waiting_job(jobs: JobStore, request_name: str) ->
 
 
 def test_stop_lets_a_running_attempt_finish_but_prevents_a_retry(
-    jobs: JobStore, target: LocalPublisher
+    jobs: JobService, target: LocalPublisher
 ) -> None:
     jobs.enqueue(job("done"))
     jobs.enqueue(job("retry"))
@@ -375,7 +381,7 @@ def test_stop_lets_a_running_attempt_finish_but_prevents_a_retry(
 
 
 def test_cancel_marks_a_running_job_which_stops_at_its_next_step_boundary(
-    jobs: JobStore, target: LocalPublisher
+    jobs: JobService, target: LocalPublisher
 ) -> None:
     jobs.enqueue(job(steps=5))
 
@@ -395,7 +401,7 @@ def test_cancel_marks_a_running_job_which_stops_at_its_next_step_boundary(
 
 
 def test_a_crashed_cancelled_job_is_reconciled_by_the_next_owner_without_running(
-    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+    jobs: JobService, clock: ManualClock, target: LocalPublisher
 ) -> None:
     jobs.enqueue(job())
     assert jobs.claim("j1").outcome == "claimed"
@@ -410,7 +416,7 @@ def test_a_crashed_cancelled_job_is_reconciled_by_the_next_owner_without_running
 # -- fencing -----------------------------------------------------------------------------------------
 
 
-def test_every_claim_takes_a_new_larger_fence(jobs: JobStore, clock: ManualClock) -> None:
+def test_every_claim_takes_a_new_larger_fence(jobs: JobService, clock: ManualClock) -> None:
     jobs.enqueue(job(max_attempts=5))
     fences = []
     for _ in range(4):
@@ -422,7 +428,7 @@ def test_every_claim_takes_a_new_larger_fence(jobs: JobStore, clock: ManualClock
 
 
 def test_a_live_lease_is_not_reclaimed_and_each_renewal_restarts_the_watch(
-    db_url: str, jobs: JobStore, clock: ManualClock
+    db_url: str, jobs: JobService, clock: ManualClock
 ) -> None:
     other_clock = ManualClock()
     other = open_jobs(db_url, other_clock)
@@ -445,7 +451,7 @@ def test_a_live_lease_is_not_reclaimed_and_each_renewal_restarts_the_watch(
 
 
 def test_a_stale_fence_is_refused_by_the_database_for_every_owner_write(
-    db_url: str, jobs: JobStore, clock: ManualClock
+    db_url: str, jobs: JobService, clock: ManualClock
 ) -> None:
     # Two stores, two engines, two connections: two owners holding two tokens.
     other_clock = ManualClock()
@@ -458,7 +464,7 @@ def test_a_stale_fence_is_refused_by_the_database_for_every_owner_write(
         expire(other, other_clock, "j1")
         new = other.claim("j1").lease
         assert new is not None and new.fence > old.fence and new.resume_step == 1
-        before = counts(jobs.engine)
+        before = footprint(jobs, "j1")
         view = jobs.status("j1")
         writes = [
             lambda: jobs.heartbeat(old),
@@ -473,14 +479,14 @@ def test_a_stale_fence_is_refused_by_the_database_for_every_owner_write(
                 write()
             assert (refused.value.fence, refused.value.current_fence) == (old.fence, new.fence)
             assert refused.value.code == "job_fenced"
-        assert counts(jobs.engine) == before and jobs.status("j1") == view
+        assert footprint(jobs, "j1") == before and jobs.status("j1") == view
         # The new owner's writes go through.
         assert other.checkpoint(new, 2, 3).cancel_requested is False
     finally:
         other.dispose()
 
 
-def test_a_fence_is_refused_once_the_job_left_running(jobs: JobStore, target: LocalPublisher) -> None:
+def test_a_fence_is_refused_once_the_job_left_running(jobs: JobService, target: LocalPublisher) -> None:
     jobs.enqueue(job())
     lease = jobs.claim("j1").lease
     assert lease is not None
@@ -501,7 +507,7 @@ class _Watched:
     (``renewed()`` grew) or, without renewals, for a fixed real time.
     """
 
-    def __init__(self, other: JobStore, other_clock: ManualClock, renewed: object) -> None:
+    def __init__(self, other: JobService, other_clock: ManualClock, renewed: object) -> None:
         self.other, self.other_clock, self.renewed = other, other_clock, renewed
         self.claims: list[str] = []
         self.calls: list[int] = []
@@ -527,7 +533,7 @@ class _Watched:
 
 @pytest.mark.parametrize("renewing", [True, False])
 def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
-    db_url: str, jobs: JobStore, target: LocalPublisher, renewing: bool
+    db_url: str, jobs: JobService, target: LocalPublisher, renewing: bool
 ) -> None:
     other_clock = ManualClock()
     other = open_jobs(db_url, other_clock)
@@ -560,7 +566,7 @@ def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
 
 
 def test_a_renewal_that_fails_for_a_busy_database_is_tried_again_at_the_next_beat(
-    jobs: JobStore, target: LocalPublisher
+    jobs: JobService, target: LocalPublisher
 ) -> None:
     import threading
 
@@ -592,7 +598,7 @@ def test_a_renewal_that_fails_for_a_busy_database_is_tried_again_at_the_next_bea
     assert (report.state, report.steps) == ("completed", (1, 2))
 
 
-def test_a_renewal_interval_must_be_shorter_than_the_lease(jobs: JobStore, target: LocalPublisher) -> None:
+def test_a_renewal_interval_must_be_shorter_than_the_lease(jobs: JobService, target: LocalPublisher) -> None:
     for bad in (0, -1, LEASE, LEASE * 2, True, "often"):
         with pytest.raises(InvalidJobError) as refused:
             JobRunner(jobs, target, {}, heartbeat_every=bad)  # type: ignore[arg-type]
@@ -605,7 +611,7 @@ def test_a_renewal_interval_must_be_shorter_than_the_lease(jobs: JobStore, targe
 
 
 def test_a_retry_resumes_from_the_step_after_the_last_checkpoint(
-    jobs: JobStore, target: LocalPublisher
+    jobs: JobService, target: LocalPublisher
 ) -> None:
     jobs.enqueue(job(steps=5))
     handler = Counting(fail_at={4: RetryableJobError("flaky")})
@@ -623,24 +629,24 @@ def test_a_retry_resumes_from_the_step_after_the_last_checkpoint(
     assert checkpoints[2].fence < checkpoints[3].fence
 
 
-def test_checkpoints_are_immutable_and_in_order(jobs: JobStore) -> None:
+def test_checkpoints_are_immutable_and_in_order(jobs: JobService) -> None:
     jobs.enqueue(job())
     lease = jobs.claim("j1").lease
     assert lease is not None
     jobs.checkpoint(lease, 1, "one")
-    before = counts(jobs.engine)
+    before = footprint(jobs, "j1")
     for step in (1, 3, 0):
         with pytest.raises(InvalidJobError) as refused:
             jobs.checkpoint(lease, step, "again")
         assert refused.value.field == "step"
-    assert counts(jobs.engine) == before
+    assert footprint(jobs, "j1") == before
     assert [(c.step, c.state) for c in jobs.checkpoints("j1")] == [(1, "one")]
 
 
 # -- publication and recovery ------------------------------------------------------------------------
 
 
-def crash_after_publish(jobs: JobStore, target: LocalPublisher, result: object = None) -> str:
+def crash_after_publish(jobs: JobService, target: LocalPublisher, result: object = None) -> str:
     """Run the steps, record and publish the result, and 'crash' before the acknowledgement."""
     lease = jobs.claim("j1").lease
     assert lease is not None
@@ -652,7 +658,7 @@ def crash_after_publish(jobs: JobStore, target: LocalPublisher, result: object =
 
 
 def test_a_consistent_publication_is_recovered_without_re_execution(
-    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+    jobs: JobService, clock: ManualClock, target: LocalPublisher
 ) -> None:
     jobs.enqueue(job())
     attempt = crash_after_publish(jobs, target)
@@ -671,7 +677,7 @@ def test_a_consistent_publication_is_recovered_without_re_execution(
 
 @pytest.mark.parametrize("tamper", ["other bytes", "second publication", "other attempt"])
 def test_an_inconsistent_publication_becomes_recovery_required_then_an_operator_resolves(
-    jobs: JobStore, clock: ManualClock, target: LocalPublisher, tamper: str
+    jobs: JobService, clock: ManualClock, target: LocalPublisher, tamper: str
 ) -> None:
     jobs.enqueue(job())
     if tamper == "other bytes":
@@ -697,7 +703,7 @@ def test_an_inconsistent_publication_becomes_recovery_required_then_an_operator_
 
 
 def test_a_recorded_but_unpublished_result_is_published_once_with_the_same_ids(
-    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+    jobs: JobService, clock: ManualClock, target: LocalPublisher
 ) -> None:
     jobs.enqueue(job())
     lease = jobs.claim("j1").lease
@@ -713,18 +719,18 @@ def test_a_recorded_but_unpublished_result_is_published_once_with_the_same_ids(
     ]
 
 
-def test_a_duplicate_delivery_of_a_final_job_does_nothing(jobs: JobStore, target: LocalPublisher) -> None:
+def test_a_duplicate_delivery_of_a_final_job_does_nothing(jobs: JobService, target: LocalPublisher) -> None:
     jobs.enqueue(job())
     handler = Counting()
     run = runner(jobs, target, handler)
     assert run.run("j1").state == "completed"
-    calls, before = list(handler.calls), counts(jobs.engine)
+    calls, before = list(handler.calls), footprint(jobs, "j1")
     for _ in range(3):
         assert run.run("j1").outcome == "final"
         assert jobs.claim("j1").outcome == "final"
         assert jobs.enqueue(job()).outcome == "duplicate"
         assert run.run_next("tenant-a") is None
-    assert handler.calls == calls and counts(jobs.engine) == before
+    assert handler.calls == calls and footprint(jobs, "j1") == before
     assert target.count() == 1
 
 
@@ -732,7 +738,7 @@ def test_a_duplicate_delivery_of_a_final_job_does_nothing(jobs: JobStore, target
 
 
 def test_every_transition_is_an_event_of_the_table_written_with_the_state(
-    jobs: JobStore, clock: ManualClock, target: LocalPublisher
+    jobs: JobService, clock: ManualClock, target: LocalPublisher
 ) -> None:
     jobs.enqueue_all([job("a", max_attempts=4), job("b", depends_on=("a",))])
     handler = Counting(fail_at={2: RetryableJobError("x")})
@@ -769,11 +775,11 @@ def test_every_transition_is_an_event_of_the_table_written_with_the_state(
     ]
 
 
-def test_the_downgrade_of_0004_is_refused_while_jobs_exist(jobs: JobStore) -> None:
+def test_the_downgrade_of_0004_is_refused_while_jobs_exist(jobs: JobService) -> None:
     jobs.enqueue(job())
     with pytest.raises(RuntimeError, match="refusing to downgrade"):
-        downgrade(jobs.engine, "0003")
-    assert revision_of(jobs.engine) == HEAD_REVISION
+        downgrade(engine_of(jobs), "0003")
+    assert revision_of(engine_of(jobs)) == HEAD_REVISION
 
 
 # -- rules with a universal form, as properties -----------------------------------------------------------
@@ -785,7 +791,9 @@ payloads = st.recursive(
 )
 
 
-def test_a_second_enqueue_is_a_duplicate_exactly_when_the_canonical_content_is_equal(jobs: JobStore) -> None:
+def test_a_second_enqueue_is_a_duplicate_exactly_when_the_canonical_content_is_equal(
+    jobs: JobService,
+) -> None:
     ids = itertools.count()
 
     @given(payloads, payloads, st.integers(1, 3), st.integers(1, 3))
@@ -803,7 +811,7 @@ def test_a_second_enqueue_is_a_duplicate_exactly_when_the_canonical_content_is_e
 
 
 def test_a_batch_is_refused_exactly_when_its_dependencies_have_a_cycle_and_then_writes_nothing(
-    jobs: JobStore,
+    jobs: JobService,
 ) -> None:
     batches = itertools.count()
 
@@ -821,12 +829,12 @@ def test_a_batch_is_refused_exactly_when_its_dependencies_have_a_cycle_and_then_
             for n in sorted(names)
         ]
         cyclic = find_cycle(edges) is not None
-        before = counts(jobs.engine)
+        before = footprint(jobs, *(member.job_id for member in batch))
         if cyclic:
             with pytest.raises(InvalidJobError) as refused:
                 jobs.enqueue_all(batch)
             assert refused.value.field == "depends_on"
-            assert counts(jobs.engine) == before
+            assert footprint(jobs, *(member.job_id for member in batch)) == before
         else:
             answers = jobs.enqueue_all(batch)
             assert {a.outcome for a in answers} <= {"enqueued"}
