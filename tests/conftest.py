@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from admission.receipts import MemoryStore, Store
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
+from tests.support.jobkit import JobStores
 
 # "ci" runs more examples than a developer's default run, derandomised so a
 # failure on CI reproduces; HYPOTHESIS_PROFILE picks another.
@@ -53,6 +54,18 @@ def store(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path:
         yield MemoryStore()
         return
     yield from open_store(database_url(str(request.param), postgres_pool, tmp_path))
+
+
+@pytest.fixture(params=["memory", *SQL_BACKENDS])
+def job_stores(
+    request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path: Path
+) -> Iterator[JobStores]:
+    """The job contract suite's stores: the in-memory reference, and each selected SQL backend."""
+    backend = str(request.param)
+    url = None if backend == "memory" else database_url(backend, postgres_pool, tmp_path)
+    stores = JobStores(backend, url)
+    yield stores
+    stores.close()
 
 
 SUMMARY_LINES: list[str] = []

@@ -1,11 +1,12 @@
 """Durable jobs: fenced claims, checkpoints, recovery after publish (worker contract §3, §4).
 
 ``JobService`` runs the job lifecycle on any ``JobStore`` (the port):
-``admission.sql.SqlJobStore`` on SQLite or PostgreSQL.  ``JobRunner``
-executes jobs step by step and publishes their results through a
-``Publisher``.
+``MemoryJobStore`` here, ``admission.sql.SqlJobStore`` on SQLite or
+PostgreSQL; ``JobRunner`` executes jobs step by step and publishes their
+results through a ``Publisher``.
 """
 
+from admission.jobs._memory import MemoryJobStore
 from admission.jobs._runner import Continue, Finish, JobRunner, RunReport, StepHandler
 from admission.jobs._service import JobService
 from admission.jobs._states import (
@@ -71,6 +72,7 @@ __all__ = [
     "JobTransaction",
     "JobView",
     "LocalPublisher",
+    "MemoryJobStore",
     "PublicationVerdict",
     "PublishedResult",
     "Publisher",

@@ -1,8 +1,8 @@
 """The job service: durable jobs on any job store (worker contract §3, §4).
 
 :class:`JobService` speaks only to the port
-(:class:`~admission.jobs._store.JobStore`): ``admission.sql.SqlJobStore``
-on SQLite or PostgreSQL.  The lifecycle is the
+(:class:`~admission.jobs._store.JobStore`): ``MemoryJobStore``, or
+``admission.sql.SqlJobStore`` on SQLite or PostgreSQL.  The lifecycle is the
 table in ``admission.jobs._states``; every state change goes through
 ``JOB_TRANSITIONS.next_state`` (``admission.jobs._lifecycle``) and writes an
 event in the transaction that makes it.  Enqueueing a batch is

@@ -9,7 +9,9 @@ frozen: :class:`JobRow` for a whole job row, and the public
 :class:`~admission.jobs._values.JobView`, :class:`~admission.jobs._values.JobEvent`
 and :class:`~admission.jobs._values.Checkpoint`.
 
-``admission.sql.SqlJobStore`` implements it on SQLite and PostgreSQL.
+Two implementations: :class:`~admission.jobs._memory.MemoryJobStore` (real,
+in memory) and ``admission.sql.SqlJobStore`` (SQLite and PostgreSQL).  One
+contract suite runs the rules against each (``tests/contract/test_job_store.py``).
 
 What an implementation must guarantee:
 

@@ -17,6 +17,7 @@ from admission.jobs import (
     JobService,
     JobStore,
     JobView,
+    MemoryJobStore,
 )
 from admission.sql import SqlJobStore
 
@@ -34,6 +35,35 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+class JobStores:
+    """Handles on one fresh job store of ``backend``; :meth:`close` disposes of them all.
+
+    :meth:`open` gives another handle on the same jobs: the in-memory store
+    itself, or a SQL store with an engine (and connections) of its own, as a
+    second process would hold.
+    """
+
+    def __init__(self, backend: str, url: str | None = None) -> None:
+        self.backend = backend
+        self.url = url
+        self._memory = MemoryJobStore() if url is None else None
+        self._opened: list[JobStore] = []
+
+    def open(self) -> JobStore:
+        store: JobStore
+        if self._memory is not None:
+            store = self._memory
+        else:
+            assert self.url is not None
+            store = SqlJobStore.open(self.url)
+        self._opened.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self._opened:
+            store.dispose()
 
 
 def jobs_on(store: JobStore, clock: ManualClock | None = None, **options: object) -> JobService:
