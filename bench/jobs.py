@@ -48,10 +48,11 @@ from admission.jobs import (  # noqa: E402
     Finish,
     Job,
     JobRunner,
-    JobStore,
+    JobService,
     LocalPublisher,
 )
 from admission.sql import (  # noqa: E402
+    SqlJobStore,
     create_admission_engine,
     upgrade,
 )
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(tempfile.mkdtemp(prefix="admission-bench-jobs-"))
     engine = create_admission_engine(f"sqlite:///{directory / 'jobs.sqlite3'}")
     upgrade(engine)
-    store = JobStore(engine, max_waiting=1_000_000)
-    runner = JobRunner(store, LocalPublisher(directory / "target.sqlite3"), {"steps": _steps})
+    jobs = JobService(SqlJobStore(engine), max_waiting=1_000_000)
+    runner = JobRunner(jobs, LocalPublisher(directory / "target.sqlite3"), {"steps": _steps})
     floor_target = LocalPublisher(directory / "floor-target.sqlite3")
     raw = sqlite3.connect(directory / "floor.sqlite3", isolation_level=None)
     raw.execute("PRAGMA journal_mode=WAL")
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one_job() -> None:
         job_id = f"job-{next(ids)}"
-        store.enqueue(Job(job_id, "bench", "steps", {"steps": args.steps}))
+        jobs.enqueue(Job(job_id, "bench", "steps", {"steps": args.steps}))
         report = runner.run(job_id)
         assert report.state == "completed", report
 
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header)
         for name, rate, ratio in rows:
             print(f"{name:<60} {rate:>10,.0f}/s   jobs/this {ratio}")
-    store.dispose()
+    jobs.dispose()
     raw.close()
     return 0
 

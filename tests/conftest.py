@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from admission.receipts import MemoryStore, Store
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
+from tests.support.jobkit import JobStores
 
 # "ci" runs more examples than a developer's default run, derandomised so a
 # failure on CI reproduces; HYPOTHESIS_PROFILE picks another.
@@ -65,6 +66,14 @@ def backend(request: pytest.FixtureRequest) -> str:
 def backend_url(backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> str | None:
     """A fresh database at the head revision for an SQL backend; ``None`` for memory."""
     return None if backend == "memory" else database_url(backend, postgres_pool, tmp_path)
+
+
+@pytest.fixture
+def job_stores(backend: str, backend_url: str | None) -> Iterator[JobStores]:
+    """The job contract suite's stores: the in-memory reference, and each selected SQL backend."""
+    stores = JobStores(backend, backend_url)
+    yield stores
+    stores.close()
 
 
 SUMMARY_LINES: list[str] = []

@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING
 from admission.cli._common import EXIT_OK, Commands, db_url, print_json
 
 if TYPE_CHECKING:
-    from admission.jobs import JobStore
+    from admission.jobs import JobService
 
 __all__ = ["add_parser"]
 
 
-def _jobs(args: argparse.Namespace) -> JobStore:
-    # Every jobs command builds its store here and nowhere else, so that the
+def _jobs(args: argparse.Namespace) -> JobService:
+    # Every jobs command builds its service here and nowhere else, so that the
     # store behind the commands can change in this one function.
-    from admission.jobs import JobStore
+    from admission.jobs import JobService
+    from admission.sql import SqlJobStore
 
-    return JobStore.open(db_url(args))
+    return JobService(SqlJobStore.open(db_url(args)))
 
 
 def _cmd_jobs_status(args: argparse.Namespace) -> int:

@@ -1,6 +1,14 @@
-"""Durable jobs: fenced claims, checkpoints, recovery after publish (worker contract §3, §4)."""
+"""Durable jobs: fenced claims, checkpoints, recovery after publish (worker contract §3, §4).
 
+``JobService`` runs the job lifecycle on any ``JobStore`` (the port):
+``MemoryJobStore`` here, ``admission.sql.SqlJobStore`` on SQLite or
+PostgreSQL; ``JobRunner`` executes jobs step by step and publishes their
+results through a ``Publisher``.
+"""
+
+from admission.jobs._memory import MemoryJobStore
 from admission.jobs._runner import Continue, Finish, JobRunner, RunReport, StepHandler
+from admission.jobs._service import JobService
 from admission.jobs._states import (
     FINAL_JOB_STATES,
     JOB_TRANSITIONS,
@@ -14,7 +22,7 @@ from admission.jobs._states import (
     job_diagram,
     judge_publication,
 )
-from admission.jobs._store import JobStore
+from admission.jobs._store import JobRow, JobStore, JobTransaction
 from admission.jobs._target import LocalPublisher
 from admission.jobs._values import (
     DEFAULT_LEASE_SECONDS,
@@ -56,11 +64,15 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobLease",
+    "JobRow",
     "JobRunner",
+    "JobService",
     "JobState",
     "JobStore",
+    "JobTransaction",
     "JobView",
     "LocalPublisher",
+    "MemoryJobStore",
     "PublicationVerdict",
     "PublishedResult",
     "Publisher",

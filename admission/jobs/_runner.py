@@ -14,7 +14,7 @@ step number and the state the previous step left, it returns
 4. record the result (fenced), publish it, acknowledge (fenced).
 
 While a step runs, a thread renews the lease every ``heartbeat_every``
-seconds (default: a third of the store's ``lease_seconds``), so a step may
+seconds (default: a third of the service's ``lease_seconds``), so a step may
 take longer than the lease without another owner reclaiming the job and
 running it again; a renewal the database refuses (the lease was taken after
 all, for instance while this process was paused) stops the renewals, and the
@@ -26,7 +26,7 @@ at a step boundary stops the job there.  The runner never publishes after its
 own lease deadline (monotonic clock): it stops and lets the next owner recover;
 an owner paused past that check is stopped by the target, which refuses a
 publication carrying an older fencing token than one it has seen
-(:class:`~admission.jobs._store.Publisher`).
+(:class:`~admission.jobs._values.Publisher`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from typing import Literal, Protocol
 
 from admission.errors import AdmissionError, InvalidJobError, JobFencedError, RetryableJobError
 from admission.intent._encoding import Value
-from admission.jobs._store import JobLease, JobStore, JobView, Publisher, bounded_diagnostic
+from admission.jobs._service import JobService
+from admission.jobs._values import JobLease, JobView, Publisher, bounded_diagnostic
 
 __all__ = ["Continue", "Finish", "JobRunner", "RunReport", "StepHandler"]
 
@@ -92,37 +93,37 @@ class _Renewal:
 
 
 class JobRunner:
-    """Claims and runs jobs of a :class:`~admission.jobs._store.JobStore`, publishing through a ``Publisher``.
+    """Claims and runs jobs of a :class:`~admission.jobs.JobService`, publishing through a ``Publisher``.
 
     ``heartbeat_every``: seconds between lease renewals while a step runs
-    (``"auto"``, the default: a third of the store's ``lease_seconds``;
+    (``"auto"``, the default: a third of the service's ``lease_seconds``;
     ``None``: renew only at checkpoints, so every step must end within the
     lease).
     """
 
     def __init__(
         self,
-        store: JobStore,
+        service: JobService,
         publisher: Publisher,
         handlers: Mapping[str, StepHandler],
         *,
         fault: Fault | None = None,
         heartbeat_every: float | Literal["auto"] | None = "auto",
     ) -> None:
-        self.store = store
+        self.service = service
         self.publisher = publisher
         self.handlers = dict(handlers)
         self.fault = fault
         if heartbeat_every == "auto":
-            heartbeat_every = store.lease_seconds / 3
+            heartbeat_every = service.lease_seconds / 3
         if heartbeat_every is not None and (
             isinstance(heartbeat_every, bool)
             or not isinstance(heartbeat_every, (int, float))
-            or not 0 < heartbeat_every < store.lease_seconds
+            or not 0 < heartbeat_every < service.lease_seconds
         ):
             raise InvalidJobError(
                 f"must be a number of seconds, positive and shorter than the lease "
-                f"({store.lease_seconds} s), got {heartbeat_every!r}",
+                f"({service.lease_seconds} s), got {heartbeat_every!r}",
                 field="heartbeat_every",
             )
         self.heartbeat_every: float | None = heartbeat_every
@@ -139,7 +140,7 @@ class JobRunner:
         def renew() -> None:
             while not renewal.stop.wait(interval):
                 try:
-                    control = self.store.heartbeat(lease)
+                    control = self.service.heartbeat(lease)
                 except JobFencedError:
                     return  # another owner has the job: the step's next fenced write says so
                 except AdmissionError:
@@ -156,7 +157,7 @@ class JobRunner:
 
     def run(self, job_id: str) -> RunReport:
         """Claim ``job_id`` and take it as far as it goes; a final job is acknowledged, nothing runs."""
-        claim = self.store.claim(job_id)
+        claim = self.service.claim(job_id)
         if claim.lease is None:
             outcome = "final" if claim.outcome == "final" else "not_claimable"
             return RunReport(job_id, outcome, claim.state, claim.reason)
@@ -164,7 +165,7 @@ class JobRunner:
 
     def run_next(self, scope: str) -> RunReport | None:
         """Claim and run the oldest claimable job of ``scope``; ``None`` when there is none."""
-        claim = self.store.claim_next(scope)
+        claim = self.service.claim_next(scope)
         if claim is None or claim.lease is None:
             return None
         return self._own(claim.lease)
@@ -184,7 +185,7 @@ class JobRunner:
     def _execute(self, lease: JobLease) -> RunReport:
         handler = self.handlers.get(lease.kind)
         if handler is None:
-            view = self.store.fail(lease, f"no handler for job kind {lease.kind!r}", retryable=False)
+            view = self.service.fail(lease, f"no handler for job kind {lease.kind!r}", retryable=False)
             return self._report(view, [], False)
         step, state, deadline = lease.resume_step, lease.resume_state, lease.deadline
         steps: list[int] = []
@@ -194,42 +195,42 @@ class JobRunner:
                 with self._renewing(lease, deadline) as renewal:
                     outcome = handler(lease.payload, number, state)
             except RetryableJobError as exc:
-                view = self.store.fail(lease, bounded_diagnostic(f"step {number}: {exc}"), retryable=True)
+                view = self.service.fail(lease, bounded_diagnostic(f"step {number}: {exc}"), retryable=True)
                 return self._report(view, steps, False)
             except Exception:
                 diagnostic = bounded_diagnostic(f"step {number}: {traceback.format_exc()}")
-                view = self.store.fail(lease, diagnostic, retryable=False)
+                view = self.service.fail(lease, diagnostic, retryable=False)
                 return self._report(view, steps, False)
             steps.append(number)
             deadline = renewal.deadline
             if isinstance(outcome, Finish):
                 break
-            control = self.store.checkpoint(lease, number, outcome.state)
+            control = self.service.checkpoint(lease, number, outcome.state)
             deadline = control.deadline
             step, state = number, outcome.state
             if self.fault is not None:
                 self.fault("after_checkpoint", number)
             if control.cancel_requested:
-                return self._report(self.store.cancel_running(lease), steps, False)
-        result = self.store.record_result(lease, outcome.result)
+                return self._report(self.service.cancel_running(lease), steps, False)
+        result = self.service.record_result(lease, outcome.result)
         if self.fault is not None:
             self.fault("after_record", steps[-1])
-        if self.store.clock() >= deadline:
+        if self.service.clock() >= deadline:
             # Too late to publish safely: the next owner recovers with the recorded ids.
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost", tuple(steps))
         self.publisher.publish(lease.job_id, lease.attempt_id, result, fence=lease.fence)
         if self.fault is not None:
             self.fault("after_publish", steps[-1])
-        view = self.store.complete(lease)
+        view = self.service.complete(lease)
         return self._report(view, steps, True)
 
     def _recover(self, lease: JobLease) -> RunReport:
         assert lease.publish_result is not None and lease.publish_attempt_id is not None
         # The fenced read: from here on, an older owner's publication is refused by the target.
-        verdict = self.store.recover(lease, self.publisher.read_published(lease.job_id, fence=lease.fence))
+        verdict = self.service.recover(lease, self.publisher.read_published(lease.job_id, fence=lease.fence))
         if verdict != "absent":
-            return self._report(self.store.status(lease.job_id), [], False)
-        if self.store.clock() >= lease.deadline:
+            return self._report(self.service.status(lease.job_id), [], False)
+        if self.service.clock() >= lease.deadline:
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost")
         # The publication never landed: replay it with the recorded ids (never re-execute).
         self.publisher.publish(
@@ -237,5 +238,5 @@ class JobRunner:
         )
         if self.fault is not None:
             self.fault("after_publish", lease.resume_step)
-        view = self.store.complete(lease, reason="published_on_replay")
+        view = self.service.complete(lease, reason="published_on_replay")
         return self._report(view, [], True)

@@ -1,6 +1,6 @@
 """Where job results are published: a real local target (a SQLite database of its own) and an in-memory one.
 
-Both implement :class:`admission.jobs._store.Publisher`.  Neither deduplicates: every
+Both implement :class:`admission.jobs._values.Publisher`.  Neither deduplicates: every
 ``publish`` call appends a publication, so a second publication of a job is
 visible to ``read_published`` (and to the tests), never hidden.  The local
 target shares no transaction with the job database, which is exactly the

@@ -1,10 +1,10 @@
 """The values of durable jobs and their validation (worker contract §1, §4), pure.
 
-What a caller enqueues (:class:`Job`), what the store answers
+What a caller enqueues (:class:`Job`), what the job service answers
 (:class:`EnqueueResult`, :class:`ClaimResult`, :class:`JobView`,
 :class:`JobEvent`, :class:`Checkpoint`), what an owner holds (:class:`JobLease`,
 :class:`Control`), the port to the target a result is published to
-(:class:`Publisher`), and the bounds.  ``admission.jobs._store`` re-exports them.
+(:class:`Publisher`), and the bounds.  ``admission.jobs`` exports them.
 
 Pure: no I/O, no clock, no SQLAlchemy.
 """

@@ -17,6 +17,7 @@ from admission.sql._engine import (
     normalize_url,
     wrap_exceptions,
 )
+from admission.sql._jobs import SqlJobStore
 from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade
 from admission.sql._raw import BulkInsert, BulkStatement, RawStatement
 from admission.sql._receipts import SqlStore
@@ -55,6 +56,7 @@ __all__ = [
     "BulkInsert",
     "BulkStatement",
     "RawStatement",
+    "SqlJobStore",
     "SqlStore",
     "SqlWorkerStore",
     "alembic_config",

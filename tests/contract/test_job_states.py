@@ -1,15 +1,13 @@
-"""The job transition table and its pure decisions; the store checked against a reference model."""
+"""The job service on every job store, checked against a reference model of the table (contract §4)."""
 
 from __future__ import annotations
 
-import ast
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import ModuleType
+from typing import ClassVar
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -19,7 +17,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import func, select
 
 from admission.errors import JobFencedError, JobQueueFullError, JobStateError
 from admission.intent import canonical_encode
@@ -30,163 +27,12 @@ from admission.jobs import (
     WAITING_JOB_STATES,
     Job,
     JobLease,
-    JobState,
-    JobStore,
-    PublishedResult,
-    find_cycle,
+    JobService,
     initial_state,
-    job_diagram,
-    judge_publication,
 )
-from admission.jobs import _states as job_states
-from admission.jobs import _values as job_values
-from admission.sql import worker_job_events
 from admission.testing import MemoryPublisher
 from tests.conftest import SUMMARY_LINES
-from tests.support.jobkit import LEASE, ManualClock, open_jobs
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-JOB_STATES_ALL = tuple(JobState)
-
-
-# -- the table ------------------------------------------------------------------------------------
-
-
-def test_the_table_uses_exactly_the_contract_states_and_final_states_are_never_left() -> None:
-    assert set(JOB_STATES_ALL) == {
-        "queued", "running", "retry_wait", "completed", "failed", "cancelled", "recovery_required", "blocked",
-    }  # fmt: skip
-    used = {s for s, _ in JOB_TRANSITIONS} | set(JOB_TRANSITIONS.values())
-    assert used == set(JOB_STATES_ALL)
-    assert not {s for s, _ in JOB_TRANSITIONS} & FINAL_JOB_STATES
-    # Every state is reachable from a start state.
-    reached, frontier = {"queued", "blocked"}, ["queued", "blocked"]
-    while frontier:
-        state = frontier.pop()
-        for (before, _), after in JOB_TRANSITIONS.items():
-            if before == state and after not in reached:
-                reached.add(after)
-                frontier.append(after)
-    assert reached == set(JOB_STATES_ALL)
-
-
-@given(st.sampled_from(JOB_STATES_ALL), st.sampled_from([*JOB_TRANSITIONS.events, "bogus"]))
-@settings(max_examples=200)
-def test_next_state_applies_the_table_and_refuses_every_other_pair(state: str, event: str) -> None:
-    if (state, event) in JOB_TRANSITIONS:
-        assert JOB_TRANSITIONS.next_state(state, event) == JOB_TRANSITIONS[(state, event)]
-    else:
-        with pytest.raises(JobStateError) as refused:
-            JOB_TRANSITIONS.next_state(state, event, subject="j")
-        assert (refused.value.state, refused.value.event, refused.value.code) == (state, event, "job_state")
-
-
-def test_docs_hold_exactly_the_rendered_diagram() -> None:
-    document = (DOCS / "jobs.md").read_text(encoding="utf-8")
-    rendered = job_diagram()
-    assert rendered in document
-    assert document.count("```mermaid") == 1
-    for (before, event), after in JOB_TRANSITIONS.items():
-        assert f"    {before} --> {after}: {event}\n" in rendered
-
-
-@pytest.mark.parametrize("module", [job_states, job_values])
-def test_the_pure_job_modules_import_no_sqlalchemy(module: ModuleType) -> None:
-    source = Path(str(module.__file__)).read_text(encoding="utf-8")
-    imported = {
-        alias.name.split(".")[0]
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Import)
-        for alias in node.names
-    } | {
-        (node.module or "").split(".")[0]
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ImportFrom)
-    }
-    assert "sqlalchemy" not in imported and imported <= {
-        "__future__",
-        "collections",
-        "dataclasses",
-        "datetime",
-        "enum",
-        "typing",
-        "admission",
-    }
-
-
-@given(st.lists(st.sampled_from(JOB_STATES_ALL), max_size=5))
-def test_a_job_starts_queued_only_when_every_dependency_completed(states: list[str]) -> None:
-    assert (initial_state(states) == "queued") == all(s == "completed" for s in states)
-
-
-# -- cycles ---------------------------------------------------------------------------------------
-
-
-def _acyclic_by_kahn(edges: dict[str, list[str]]) -> bool:
-    nodes = set(edges) | {d for ds in edges.values() for d in ds}
-    indegree = dict.fromkeys(nodes, 0)
-    for deps in edges.values():
-        for dep in deps:
-            indegree[dep] += 1
-    ready = [n for n, d in indegree.items() if d == 0]
-    seen = 0
-    while ready:
-        node = ready.pop()
-        seen += 1
-        for dep in edges.get(node, []):
-            indegree[dep] -= 1
-            if indegree[dep] == 0:
-                ready.append(dep)
-    return seen == len(nodes)
-
-
-graphs = st.dictionaries(
-    st.sampled_from("abcdefg"), st.lists(st.sampled_from("abcdefg"), unique=True, max_size=3), max_size=7
-)
-
-
-@given(graphs)
-@settings(max_examples=300)
-def test_find_cycle_finds_a_real_cycle_exactly_when_there_is_one(edges: dict[str, list[str]]) -> None:
-    cycle = find_cycle(edges)
-    assert (cycle is None) == _acyclic_by_kahn(edges)
-    if cycle is not None:
-        assert cycle[0] == cycle[-1] and len(cycle) >= 2
-        for here, there in itertools.pairwise(cycle):
-            assert there in edges[here]
-
-
-def test_a_long_chain_has_no_cycle_and_closing_it_makes_one() -> None:
-    chain = {f"n{i}": [f"n{i + 1}"] for i in range(5000)}
-    assert find_cycle(chain) is None
-    chain["n5000"] = ["n0"]
-    assert find_cycle(chain) == [*(f"n{i}" for i in range(5001)), "n0"]
-
-
-# -- publications ---------------------------------------------------------------------------------
-
-publications = st.lists(
-    st.builds(
-        PublishedResult,
-        st.sampled_from(["j", "k"]),
-        st.sampled_from(["a1", "a2"]),
-        st.sampled_from([b"x", b"y"]),
-    ),
-    max_size=3,
-)
-
-
-@given(publications)
-@settings(max_examples=200)
-def test_only_exactly_one_matching_publication_is_consistent(published: list[PublishedResult]) -> None:
-    verdict = judge_publication("j", "a1", b"x", published)
-    if not published:
-        assert verdict == "absent"
-    elif published == [PublishedResult("j", "a1", b"x")]:
-        assert verdict == "consistent"
-    else:
-        assert verdict == "inconsistent"
-
+from tests.support.jobkit import LEASE, JobStores, ManualClock, jobs_on
 
 # -- the store against a reference model of the table -----------------------------------------------------
 
@@ -298,10 +144,11 @@ class Model:
 class JobMachine(RuleBasedStateMachine):
     """Random operations on one scope of a real store and on the model; they must agree after each."""
 
-    store: JobStore
+    store: JobService
     clock: ManualClock
     counter = itertools.count()
     steps = 0
+    enqueued: ClassVar[list[str]] = []
 
     def __init__(self) -> None:
         super().__init__()
@@ -333,6 +180,7 @@ class JobMachine(RuleBasedStateMachine):
             assert expected == "full"
             return deps[0] if deps else f"{self.scope}-j0"
         assert (answer.outcome, answer.state) == ("enqueued", expected)
+        JobMachine.enqueued.append(job_id)
         return job_id
 
     @rule(target=jobs, deps=st.lists(jobs, unique=True, max_size=2), max_attempts=st.integers(1, 3))
@@ -526,29 +374,23 @@ class JobMachine(RuleBasedStateMachine):
             assert (view.cancel_requested, view.stop_requested) == (job.cancel, job.stop), job_id
 
 
-def test_the_store_agrees_with_the_reference_model(db_url: str, sql_backend: str) -> None:
+def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> None:
     clock = ManualClock()
-    store = open_jobs(db_url, clock, max_waiting=4)
-    JobMachine.store, JobMachine.clock, JobMachine.steps = store, clock, 0
-    try:
-        run_state_machine_as_test(
-            # Derandomised on every machine: the corners asserted below are
-            # reached by this draw, while a random 20 programs can miss one.
-            JobMachine,
-            settings=settings(max_examples=20, stateful_step_count=50, deadline=None, derandomize=True),
-        )
-    except BaseException:
-        store.dispose()
-        raise
-    with store.engine.connect() as conn:
-        seen = dict(
-            conn.execute(
-                select(worker_job_events.c.event, func.count()).group_by(worker_job_events.c.event)
-            ).all()
-        )
-    store.dispose()
+    store = jobs_on(job_stores.open(), clock, max_waiting=4)
+    JobMachine.store, JobMachine.clock, JobMachine.steps, JobMachine.enqueued = store, clock, 0, []
+    run_state_machine_as_test(
+        # Derandomised on every machine: the corners asserted below are
+        # reached by this draw, while a random 20 programs can miss one.
+        JobMachine,
+        settings=settings(max_examples=20, stateful_step_count=50, deadline=None, derandomize=True),
+    )
+    # Every event belongs to a job the machine enqueued: read them all through the port.
+    seen: dict[str, int] = {}
+    for job_id in JobMachine.enqueued:
+        for event in store.events(job_id):
+            seen[event.event] = seen.get(event.event, 0) + 1
     SUMMARY_LINES.append(
-        f"job model state machine on {sql_backend}: {JobMachine.steps} steps checked; events "
+        f"job model state machine on {job_stores.backend}: {JobMachine.steps} steps checked; events "
         + ", ".join(f"{event} {n}" for event, n in sorted(seen.items()))
     )
     # The run reached the interesting corners of the table, not only the easy ones.

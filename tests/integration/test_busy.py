@@ -15,9 +15,9 @@ import pytest
 
 import admission.sql._engine
 from admission.errors import StorageError
-from admission.jobs import Job, JobStore
+from admission.jobs import Job, JobService
 from admission.receipts import AdmissionService
-from admission.sql import SqlStore, SqlWorkerStore, create_admission_engine, upgrade
+from admission.sql import SqlJobStore, SqlStore, SqlWorkerStore, create_admission_engine, upgrade
 from admission.worker import DurableWorker, Scope
 
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
@@ -54,7 +54,7 @@ def test_the_admission_store_the_job_store_and_the_worker_answer_a_busy_database
     engine = create_admission_engine(url)
     try:
         service = AdmissionService(SqlStore(engine))
-        jobs = JobStore(engine)
+        jobs = JobService(SqlJobStore(engine))
         jobs.enqueue(Job("j1", "tenant-a", "count", {"steps": 1}))
         worker = DurableWorker(SqlWorkerStore(engine), SCOPE, file_lock=False)
         record = {**SCOPE.as_dict(), "source_key": "lead-1", "payload": {}}

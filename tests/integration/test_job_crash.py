@@ -26,7 +26,8 @@ from sqlalchemy import event
 
 from admission.errors import JobFencedError, JobQueueFullError
 from admission.intent import Value, canonical_encode
-from admission.jobs import Continue, Finish, Job, JobRunner, JobStore, LocalPublisher
+from admission.jobs import Continue, Finish, Job, JobRunner, JobService, LocalPublisher
+from admission.sql import SqlJobStore
 from tests.support.jobkit import Counting, ManualClock, expire, open_jobs
 from tests.support.processes import WAIT, running
 
@@ -122,7 +123,8 @@ def _die_inside_the_completion(db_url: str, target: str, log: str, dying: Any) -
             dying.set()  # synchronous, unlike a queue's feeder thread
             os.kill(os.getpid(), signal.SIGKILL)
 
-    event.listen(store.engine, "after_cursor_execute", hook)
+    assert isinstance(store.store, SqlJobStore)
+    event.listen(store.store.engine, "after_cursor_execute", hook)
     runner = JobRunner(store, LocalPublisher(target), {"count": Counting(log=Path(log))})
     runner.run("job")
 
@@ -157,7 +159,7 @@ def paths(tmp_path: Path) -> tuple[str, str]:
     return str(tmp_path / "target.sqlite3"), str(tmp_path / "steps.log")
 
 
-def enqueue(db_url: str, job_id: str = "job") -> JobStore:
+def enqueue(db_url: str, job_id: str = "job") -> JobService:
     store = open_jobs(db_url)
     assert store.enqueue(Job(job_id, "tenant", "count", {"steps": STEPS})).outcome == "enqueued"
     return store

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from admission.errors import JobFencedError
 from admission.intent import canonical_encode
-from admission.jobs import Job, JobRunner, JobStore, LocalPublisher, PublishedResult
+from admission.jobs import Job, JobRunner, JobService, LocalPublisher, PublishedResult
 from admission.testing import MemoryPublisher
 from tests.support.jobkit import Counting, ManualClock, expire, open_jobs
 
@@ -24,8 +24,8 @@ RESULT = canonical_encode({"sum": 6})
 
 
 @pytest.fixture
-def two_owners(db_url: str) -> Iterator[tuple[JobStore, JobStore, ManualClock]]:
-    """Two stores on one database (two owners, two engines); the second one's clock is returned."""
+def two_owners(db_url: str) -> Iterator[tuple[JobService, JobService, ManualClock]]:
+    """Two services on one database (two owners, two engines); the second one's clock is returned."""
     first, later_clock = open_jobs(db_url, ManualClock()), ManualClock()
     later = open_jobs(db_url, later_clock)
     yield first, later, later_clock
@@ -55,7 +55,7 @@ class _Hooked:
 
 
 def test_an_owner_paused_before_publishing_is_refused_after_the_next_owner_replayed(
-    two_owners: tuple[JobStore, JobStore, ManualClock], tmp_path: Path
+    two_owners: tuple[JobService, JobService, ManualClock], tmp_path: Path
 ) -> None:
     first, later, later_clock = two_owners
     target = LocalPublisher(tmp_path / "target.sqlite3")
@@ -81,7 +81,7 @@ def test_an_owner_paused_before_publishing_is_refused_after_the_next_owner_repla
 
 @pytest.mark.parametrize("late", ["before_the_recovery_read", "after_the_recovery_read"])
 def test_a_late_publication_lands_once_whenever_it_arrives(
-    two_owners: tuple[JobStore, JobStore, ManualClock], tmp_path: Path, late: str
+    two_owners: tuple[JobService, JobService, ManualClock], tmp_path: Path, late: str
 ) -> None:
     first, later, later_clock = two_owners
     target = LocalPublisher(tmp_path / "target.sqlite3")

@@ -1,4 +1,4 @@
-"""Shared pieces of the job tests: a manual monotonic clock, step handlers, a store factory."""
+"""Shared pieces of the job tests: a manual monotonic clock, step handlers, services, write footprints."""
 
 from __future__ import annotations
 
@@ -7,17 +7,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Engine, func, select
-
+from admission.errors import UnknownJobError
 from admission.intent import Value
-from admission.jobs import Continue, Finish, JobStore
-from admission.sql import (
-    create_admission_engine,
-    worker_job_attempts,
-    worker_job_checkpoints,
-    worker_job_events,
-    worker_jobs,
+from admission.jobs import (
+    Checkpoint,
+    Continue,
+    Finish,
+    JobEvent,
+    JobService,
+    JobStore,
+    JobView,
+    MemoryJobStore,
 )
+from admission.sql import SqlJobStore
 
 LEASE = 10.0
 
@@ -35,11 +37,43 @@ class ManualClock:
         self.now += seconds
 
 
-def open_jobs(url: str, clock: ManualClock | None = None, **options: object) -> JobStore:
-    """A job store on ``url`` driven by a manual clock."""
-    return JobStore(
-        create_admission_engine(url), clock=clock or ManualClock(), lease_seconds=LEASE, **options
-    )  # type: ignore[arg-type]
+class JobStores:
+    """Handles on one fresh job store of ``backend``; :meth:`close` disposes of them all.
+
+    :meth:`open` gives another handle on the same jobs: the in-memory store
+    itself, or a SQL store with an engine (and connections) of its own, as a
+    second process would hold.
+    """
+
+    def __init__(self, backend: str, url: str | None = None) -> None:
+        self.backend = backend
+        self.url = url
+        self._memory = MemoryJobStore() if url is None else None
+        self._opened: list[JobStore] = []
+
+    def open(self) -> JobStore:
+        store: JobStore
+        if self._memory is not None:
+            store = self._memory
+        else:
+            assert self.url is not None
+            store = SqlJobStore.open(self.url)
+        self._opened.append(store)
+        return store
+
+    def close(self) -> None:
+        for store in self._opened:
+            store.dispose()
+
+
+def jobs_on(store: JobStore, clock: ManualClock | None = None, **options: object) -> JobService:
+    """A job service on ``store`` driven by a manual clock, with the tests' lease."""
+    return JobService(store, clock=clock or ManualClock(), lease_seconds=LEASE, **options)  # type: ignore[arg-type]
+
+
+def open_jobs(url: str, clock: ManualClock | None = None, **options: object) -> JobService:
+    """A job service on the SQL database at ``url`` (an engine of its own), driven by a manual clock."""
+    return jobs_on(SqlJobStore.open(url), clock, **options)
 
 
 @dataclass
@@ -69,16 +103,34 @@ class Counting:
         return Finish({"sum": total}) if step >= steps else Continue(total)
 
 
-def counts(engine: Engine) -> dict[str, int]:
-    """Rows in each job table: a refused write leaves them all unchanged."""
-    with engine.connect() as conn:
-        return {
-            table.name: int(conn.execute(select(func.count()).select_from(table)).scalar_one())
-            for table in (worker_jobs, worker_job_events, worker_job_attempts, worker_job_checkpoints)
-        }
+@dataclass(frozen=True)
+class Footprint:
+    """What a store holds, read through the port: job counts by state (every scope), and each
+    named job's view, events and checkpoints.  A refused write leaves it unchanged."""
+
+    counts: dict[str, int]
+    jobs: dict[str, tuple[JobView | None, list[JobEvent], list[Checkpoint]]]
 
 
-def expire(store: JobStore, clock: ManualClock, job_id: str) -> None:
+def footprint(jobs: JobService, *job_ids: str) -> Footprint:
+    """The :class:`Footprint` of ``jobs``'s store, with ``job_ids`` (known or not) read in full.
+
+    Every event, checkpoint and attempt belongs to a job, so with the counts
+    of all jobs and the full reads of every job a test made, no write goes
+    unseen: an attempt starts only with a claim, which changes the view and
+    appends an event.
+    """
+    found: dict[str, tuple[JobView | None, list[JobEvent], list[Checkpoint]]] = {}
+    for job_id in job_ids:
+        try:
+            view: JobView | None = jobs.status(job_id)
+        except UnknownJobError:
+            view = None
+        found[job_id] = (view, jobs.events(job_id), jobs.checkpoints(job_id))
+    return Footprint(jobs.counts(), found)
+
+
+def expire(store: JobService, clock: ManualClock, job_id: str) -> None:
     """Let ``store`` watch ``job_id`` for a whole lease, so that its next claim reclaims it."""
     answer = store.claim(job_id)
     assert (answer.outcome, answer.reason) == ("not_claimable", "lease_live"), answer

@@ -1,0 +1,128 @@
+"""Claims: when a running job may be taken from its owner, whether it may run again, the new attempt.
+
+**Expiry** is judged on a monotonic clock, never on a stored time.  Every
+fenced write of the owner bumps the job's ``beat``.  A service that finds a
+job ``running`` notes the pair ``(fence, beat)`` and the time on *its own*
+monotonic clock (:class:`LeaseWatch`); it reclaims the job only when a later
+claim finds the very same pair after at least ``lease_seconds`` on that clock:
+the owner neither renewed nor finished for a whole lease.  The owner treats
+its lease as valid until ``lease_seconds`` after the monotonic time it read
+*before* the write that last renewed it; since an observer starts watching a
+pair only after that write committed, the owner's deadline comes first
+(``docs/jobs.md``).  Observations live in the watch, so a process that
+restarts watches afresh: a crashed owner's job is reclaimed ``lease_seconds``
+after the new process first looks at it, never earlier.
+
+**Restart refusals**: an expired or failed attempt is not followed by a new
+execution when a cancel or a stop was requested meanwhile, or when the
+attempts are used up (:func:`restart_refusal`).
+
+**A claim** (:func:`start_attempt`) moves the job to ``running`` under
+``fence + 1`` (contract §3: a reclaim never reuses the old token), records
+the attempt, and hands the owner a :class:`~admission.jobs._values.JobLease`
+with the last checkpoint to resume from, or the recorded result to recover.
+
+Speaks only to the port; the clock's readings are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from admission.errors import StorageError
+from admission.intent._encoding import Value, canonical_decode
+from admission.jobs._lifecycle import transition
+from admission.jobs._store import JobRow, JobTransaction
+from admission.jobs._values import ClaimResult, JobLease
+
+__all__ = ["LeaseWatch", "restart_refusal", "start_attempt"]
+
+
+@dataclass
+class _Seen:
+    pair: tuple[int, int]
+    since: float
+
+
+class LeaseWatch:
+    """The ``(fence, beat)`` pairs this observer saw on running jobs, and when it first saw each."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, _Seen] = {}
+
+    def expired(self, row: JobRow, now: float, lease_seconds: float) -> bool:
+        """Whether ``row`` has shown the same pair for a whole lease; otherwise start (or go on) watching."""
+        pair = (row.fence, row.beat)
+        seen = self._seen.get(row.job_id)
+        if seen is None or seen.pair != pair:
+            self._seen[row.job_id] = _Seen(pair, now)
+            return False
+        return now - seen.since >= lease_seconds
+
+    def forget(self, job_id: str) -> None:
+        """Stop watching ``job_id`` (it was claimed anew: its pair changed for good)."""
+        self._seen.pop(job_id, None)
+
+
+def restart_refusal(row: JobRow) -> tuple[str, str] | None:
+    """Why an ended attempt must not be followed by a new execution, as (event, reason), if it must not."""
+    if row.cancel_requested:
+        return "cancelled_after_reconciliation", "cancelled"
+    if row.stop_requested:
+        return "stopped_before_restart", "stopped"
+    if row.attempts >= row.max_attempts:
+        return "attempts_exhausted", "attempts_exhausted"
+    return None
+
+
+def start_attempt(
+    tx: JobTransaction,
+    row: JobRow,
+    event: str,
+    *,
+    attempt_id: str,
+    owner: str,
+    started: float,
+    lease_seconds: float,
+    now: datetime,
+) -> ClaimResult:
+    """Start an attempt of a job ``tx`` holds (``event``: ``claim`` or ``reclaim``) under a new fence.
+
+    The owner's deadline is ``lease_seconds`` after ``started``, the
+    monotonic time read before this transaction began.
+    """
+    job_id = row.job_id
+    fence = row.fence + 1
+    number = row.attempts + 1
+    reason = "claimed" if event == "claim" else "lease_expired"
+    recovering = row.publish_result is not None
+    changes = replace(
+        row, fence=fence, beat=row.beat + 1, attempts=number, attempt_id=attempt_id, owner=owner
+    )
+    transition(tx, row, event, "recovering" if recovering else reason, now, changes=changes)
+    tx.begin_attempt(
+        attempt_id=attempt_id, job_id=job_id, number=number, fence=fence, owner=owner, started_at=now
+    )
+    step = row.checkpoint_step
+    resume: Value = None
+    if step:
+        stored = tx.checkpoint_state(job_id, step)
+        if stored is None:
+            raise StorageError(f"job {job_id!r} records checkpoint step {step}, but the store has none")
+        resume = canonical_decode(stored)
+    lease = JobLease(
+        job_id=job_id,
+        fence=fence,
+        attempt_id=attempt_id,
+        attempt_number=number,
+        owner=owner,
+        kind=row.kind,
+        payload=canonical_decode(row.payload),
+        resume_step=step,
+        resume_state=resume,
+        publish_attempt_id=row.publish_attempt_id,
+        publish_result=row.publish_result,
+        deadline=started + lease_seconds,
+    )
+    return ClaimResult("claimed", job_id, "running", reason, lease)
