@@ -1,15 +1,13 @@
-"""The public surface: a pinned ``__all__`` and the dependency rules of the layout."""
+"""The public surface: the facade's and the CLI's pinned ``__all__`` (the layout's rules: test_layout.py)."""
 
 from __future__ import annotations
 
-import ast
 import inspect
 from pathlib import Path
 
 import admission
 
 PACKAGE = Path(admission.__file__).parent
-PURE_MODULES = ["errors", "intent/_keys", "intent/_encoding", "worker/_states", "worker/_intake"]
 
 
 def test_public_api_is_pinned() -> None:
@@ -105,29 +103,6 @@ def test_public_callables_and_classes_have_docstrings() -> None:
         obj = getattr(admission, name)
         if inspect.isfunction(obj) or inspect.isclass(obj):
             assert inspect.getdoc(obj), name
-
-
-def imported_modules(module: str) -> set[str]:
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
-def test_pure_modules_import_no_database_or_io_library() -> None:
-    for module in PURE_MODULES:
-        imports = imported_modules(module)
-        assert not {
-            n for n in imports if n.split(".")[0] in {"sqlalchemy", "alembic", "os", "time", "random"}
-        }, module
-
-
-def test_errors_imports_nothing_from_admission() -> None:
-    assert not {n for n in imported_modules("errors") if n.startswith("admission")}
 
 
 def test_py_typed_marker_ships() -> None:
