@@ -171,6 +171,14 @@ class JobMachine(RuleBasedStateMachine):
     def second(self) -> str:
         return self._enqueue((), 3)
 
+    @initialize(target=jobs)
+    def recovered(self) -> str:
+        """Every program also starts with a job recovered after a crash between its publication
+        and its acknowledgement: the corner random rules reach least often, checked each time."""
+        job_id = self._enqueue((), 3)
+        self.crash_after_publish_then_recover(job_id, tampered=False)
+        return job_id
+
     def _enqueue(self, deps: tuple[str, ...], max_attempts: int) -> str:
         job_id = self._id()
         expected = self.model.enqueue(job_id, deps, max_attempts)
