@@ -9,20 +9,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Connection, Engine
 
 from admission.errors import SchemaRevisionError, StorageError
 from admission.sql._engine import wrap_exceptions
 from admission.sql._schema import KNOWN_REVISIONS, current_revision
 
+if TYPE_CHECKING:
+    # Alembic is imported where a migration runs: every store and command
+    # that only reads the revision starts without it.
+    from alembic.config import Config
+
 __all__ = ["alembic_config", "downgrade", "revision_of", "upgrade"]
 
 
 def alembic_config(engine: Engine, *, x_arguments: dict[str, str] | None = None) -> Config:
     """An alembic configuration for admission's packaged migrations on ``engine``."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", "admission.sql:migrations")
     config.attributes["engine"] = engine
@@ -81,6 +87,8 @@ def _check_foreign_keys(conn: Connection) -> None:
 
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Upgrade the database to ``revision`` (the head by default); returns the new revision."""
+    from alembic import command
+
     _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, revision))
     return revision_of(engine)
 
@@ -92,6 +100,8 @@ def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> s
     worker record (below ``0003``) or any job (below ``0004``), unless ``allow_unsafe`` (docs/upgrading.md
     explains why an older writer is then unsafe).
     """
+    from alembic import command
+
     config = alembic_config(engine, x_arguments={"allow-unsafe-downgrade": "yes"} if allow_unsafe else None)
     _migrate(engine, config, lambda c: command.downgrade(c, revision))
     return revision_of(engine)
