@@ -51,10 +51,11 @@ from typing import Any, Final, Literal
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sqlalchemy import Connection, MetaData, insert, inspect, select
+from sqlalchemy import Connection, Engine, MetaData, insert, inspect, select
 
 from admission import canonical_encode
 from admission.sql import create_admission_engine, upgrade
+from admission.sql._revisions import HOST_VERSION_TABLE, LEGACY_REVISIONS, VERSION_TABLE, version_table_of
 
 __all__ = [
     "LEGACY_REVISION",
@@ -1071,8 +1072,25 @@ def _insert(conn: Connection, b: _Builder) -> dict[str, int]:
     return {name: len(conn.execute(select(t[name])).all()) for name in _TABLES}
 
 
-def build_legacy_database(url: str) -> LegacyManifest:
-    """Upgrade the EMPTY database at ``url`` to revision 0001 and write the legacy fixture into it."""
+Stamping = Literal["legacy", "none"]
+
+
+def _restamp(engine: Engine, stamp: Stamping) -> None:
+    own, legacy = version_table_of(VERSION_TABLE), version_table_of(HOST_VERSION_TABLE)
+    with engine.begin() as conn:
+        own.drop(conn)
+        if stamp == "legacy":
+            legacy.create(conn)
+            conn.execute(legacy.insert().values(version_num=LEGACY_REVISION))
+
+
+def build_legacy_database(url: str, *, stamp: Stamping = "legacy") -> LegacyManifest:
+    """Upgrade the EMPTY database at ``url`` to revision 0001 and write the legacy fixture into it.
+
+    ``stamp`` says how the revision is left recorded: ``"legacy"`` as earlier
+    builds stamped it (``0001`` in ``alembic_version``), ``"none"`` as an
+    older engine that never used alembic left it (no version table at all).
+    """
     engine = create_admission_engine(url)
     try:
         with engine.connect() as conn:
@@ -1080,8 +1098,9 @@ def build_legacy_database(url: str) -> LegacyManifest:
         if existing:
             raise RuntimeError(f"the database is not empty (it has {', '.join(sorted(existing))})")
         revision = upgrade(engine, LEGACY_REVISION)
-        if revision != LEGACY_REVISION:
+        if revision != LEGACY_REVISIONS[LEGACY_REVISION]:
             raise RuntimeError(f"upgrade to {LEGACY_REVISION} left the database at {revision!r}")
+        _restamp(engine, stamp)
         builder = _Builder()
         _write_fixture(builder)
         with engine.begin() as conn:
@@ -1095,8 +1114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("url", metavar="URL", help="an empty database: sqlite:///path or postgresql://...")
     parser.add_argument("--full", action="store_true", help="print the whole manifest, not the summary")
+    parser.add_argument(
+        "--stamp",
+        choices=["legacy", "none"],
+        default="legacy",
+        help="leave 0001 in alembic_version as earlier builds did (legacy), or no stamp at all (none)",
+    )
     args = parser.parse_args(argv)
-    manifest = build_legacy_database(args.url)
+    manifest = build_legacy_database(args.url, stamp=args.stamp)
     print(json.dumps(manifest.to_dict() if args.full else manifest.summary(), indent=2, ensure_ascii=False))
     return 0
 

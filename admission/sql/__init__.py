@@ -15,17 +15,26 @@ from admission.sql._engine import (
     insert_or_ignore,
     masked_url,
     normalize_url,
+    schema_of,
     wrap_exceptions,
 )
+from admission.sql._host import ADMISSION_TABLES, host_include_object, prepare_host_database
 from admission.sql._jobs import SqlJobStore
 from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade
 from admission.sql._raw import BulkInsert, BulkStatement, RawStatement
 from admission.sql._receipts import SqlStore
-from admission.sql._schema import (
+from admission.sql._revisions import (
+    BRANCH_LABEL,
     HEAD_REVISION,
     KNOWN_REVISIONS,
+    VERSION_TABLE,
+    Stamp,
+    StampPlace,
     check_revision,
     current_revision,
+    find_stamp,
+)
+from admission.sql._schema import (
     metadata,
     outbox_cursors,
     worker_events,
@@ -47,11 +56,14 @@ from admission.sql._schema import (
 from admission.sql._worker import SqlWorkerStore
 
 __all__ = [
+    "ADMISSION_TABLES",
+    "BRANCH_LABEL",
     "DEFAULT_URL",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
     "REPLAN_AFTER",
     "SQLITE_BUSY_TIMEOUT_MS",
+    "VERSION_TABLE",
     "WRITE_CONNECTIONS",
     "BulkInsert",
     "BulkStatement",
@@ -59,6 +71,8 @@ __all__ = [
     "SqlJobStore",
     "SqlStore",
     "SqlWorkerStore",
+    "Stamp",
+    "StampPlace",
     "alembic_config",
     "as_utc",
     "check_revision",
@@ -66,12 +80,16 @@ __all__ = [
     "create_admission_engine",
     "current_revision",
     "downgrade",
+    "find_stamp",
+    "host_include_object",
     "insert_or_ignore",
     "masked_url",
     "metadata",
     "normalize_url",
     "outbox_cursors",
+    "prepare_host_database",
     "revision_of",
+    "schema_of",
     "upgrade",
     "worker_events",
     "worker_job_attempts",

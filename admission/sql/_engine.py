@@ -36,6 +36,7 @@ __all__ = [
     "is_postgresql",
     "masked_url",
     "normalize_url",
+    "schema_of",
     "utc_or_none",
     "wrap_exceptions",
 ]
@@ -74,7 +75,19 @@ def is_postgresql(dialect: Dialect) -> bool:
     return dialect.name == "postgresql"
 
 
-def create_admission_engine(url: str, **kwargs: Any) -> Engine:
+SCHEMA_OPTION: Final = "admission_schema"
+"""The engine execution option that records the PostgreSQL schema admission's tables live in."""
+
+_SCHEMA_NAME: Final = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def schema_of(engine: Engine) -> str | None:
+    """The PostgreSQL schema ``engine`` keeps admission's tables in (``None``: the default)."""
+    schema = engine.get_execution_options().get(SCHEMA_OPTION)
+    return schema if isinstance(schema, str) else None
+
+
+def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> Engine:
     """Create an engine configured as admission needs it.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
@@ -83,15 +96,46 @@ def create_admission_engine(url: str, **kwargs: Any) -> Engine:
     first read (a deferred transaction that upgrades to a write can fail
     instead of waiting).  Other transactions on the engine begin deferred.
 
+    ``schema`` (PostgreSQL only) puts every admission table, the version
+    table included, in that schema instead of the default one: each
+    connection starts with it as its only ``search_path``, so the same
+    statements serve every schema.  ``admission db upgrade`` creates it.
+
     A URL that cannot be parsed, or that names a dialect or driver that is
     not installed, raises :class:`~admission.errors.InputError` (``field``
     ``url``), keeping SQLAlchemy's error as the cause.
     """
     try:
-        return _configured_engine(url, **kwargs)
-    except (ArgumentError, ValueError, ImportError) as exc:
+        backend = make_url(normalize_url(url)).get_backend_name()
+    except (ArgumentError, ValueError) as exc:
         # SQLAlchemy's messages here name the part it could not use, never the password.
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+    if schema is not None:
+        _check_schema(schema, backend, url)
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args["options"] = f"-csearch_path={schema}"
+        kwargs["connect_args"] = connect_args
+        kwargs["execution_options"] = {**kwargs.get("execution_options", {}), SCHEMA_OPTION: schema}
+    try:
+        return _configured_engine(url, **kwargs)
+    except (ArgumentError, ValueError, ImportError) as exc:
+        raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+
+
+def _check_schema(schema: str, backend: str, url: str) -> None:
+    if backend != "postgresql":
+        raise InputError(
+            f"a schema applies to PostgreSQL only; {backend} keeps admission's tables in its file",
+            field="schema",
+        )
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+        raise InputError(
+            "expected a schema name of 1 to 63 lower-case letters, digits and underscores, "
+            "not starting with a digit",
+            field="schema",
+        )
+    if "options" in make_url(normalize_url(url)).query:
+        raise InputError("the URL already sets libpq options; give the schema in one place", field="schema")
 
 
 def _configured_engine(url: str, **kwargs: Any) -> Engine:
@@ -139,8 +183,8 @@ def insert_or_ignore(
 ) -> int:
     """``INSERT ... ON CONFLICT (index_elements) DO NOTHING``; returns the number of rows inserted."""
     dialect_insert = postgresql.insert if is_postgresql(connection.dialect) else sqlite.insert
-    statement = dialect_insert(table).values(dict(values)).on_conflict_do_nothing(
-        index_elements=list(index_elements)
+    statement = (
+        dialect_insert(table).values(dict(values)).on_conflict_do_nothing(index_elements=list(index_elements))
     )
     return int(connection.execute(statement).rowcount)
 

@@ -43,8 +43,8 @@ from admission.sql._engine import (
     insert_or_ignore,
     wrap_exceptions,
 )
+from admission.sql._revisions import check_revision
 from admission.sql._schema import (
-    check_revision,
     worker_job_attempts,
     worker_job_checkpoints,
     worker_job_dependencies,

@@ -2,7 +2,10 @@
 
 ``upgrade`` and ``downgrade`` are what ``admission db upgrade`` and
 ``admission db downgrade`` call.  Nothing here runs at start-up: opening a
-store only checks the revision (contract §6).
+store only checks the revision (contract §6).  The revision is stamped in
+admission's own version table (``admission.sql._revisions``); a stamp an
+earlier build left in ``alembic_version`` is moved there first, in the same
+transaction as the migration.
 """
 
 from __future__ import annotations
@@ -14,8 +17,17 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, Engine
 
 from admission.errors import SchemaRevisionError, StorageError
-from admission.sql._engine import wrap_exceptions
-from admission.sql._schema import KNOWN_REVISIONS, current_revision
+from admission.sql._engine import schema_of, wrap_exceptions
+from admission.sql._revisions import (
+    HOST_VERSION_TABLE,
+    KNOWN_REVISIONS,
+    VERSION_TABLE,
+    StampPlace,
+    current_revision,
+    find_stamp,
+    move_legacy_stamp,
+    revision_id,
+)
 
 if TYPE_CHECKING:
     # Alembic is imported where a migration runs: every store and command
@@ -32,6 +44,7 @@ def alembic_config(engine: Engine, *, x_arguments: dict[str, str] | None = None)
     config = Config()
     config.set_main_option("script_location", "admission.sql:migrations")
     config.attributes["engine"] = engine
+    config.attributes["version_table"] = VERSION_TABLE
     if x_arguments:
         config.cmd_opts = _XArguments([f"{k}={v}" for k, v in x_arguments.items()])  # type: ignore[assignment]
     return config
@@ -54,14 +67,23 @@ def _connected(engine: Engine) -> Iterator[Connection]:
 
 def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
     with _connected(engine) as conn:
-        revision = current_revision(conn)
+        stamp = find_stamp(conn)
         conn.rollback()  # end the read's implicit transaction before the migration's own
-        if revision is not None and revision not in KNOWN_REVISIONS:
+        if stamp is not None and stamp.revision not in KNOWN_REVISIONS:
             raise SchemaRevisionError(
-                f"the database is at schema revision {revision!r}, which this version of admission "
+                f"the database is at schema revision {stamp.revision!r}, which this version of admission "
                 "does not know; use the admission release that wrote it",
-                revision=revision,
+                revision=stamp.revision,
             )
+        if stamp is not None and stamp.place is StampPlace.HOST:
+            # The host's alembic owns that table and knows revisions admission
+            # cannot locate: it runs admission's revisions itself.
+            raise SchemaRevisionError(
+                f"admission's revision {stamp.revision} is kept among a host project's heads in "
+                f"{HOST_VERSION_TABLE}; upgrade it with the host's alembic (`alembic upgrade heads`)",
+                revision=stamp.revision,
+            )
+        schema = schema_of(engine)
         sqlite = conn.dialect.name == "sqlite"
         if sqlite:
             # SQLite rebuilds a table to drop a column, and the rebuild's DROP
@@ -70,6 +92,10 @@ def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> 
             conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")  # type: ignore[union-attr]
         try:
             with conn.begin():
+                if schema is not None:
+                    conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+                if stamp is not None and stamp.place is StampPlace.LEGACY:
+                    move_legacy_stamp(conn, stamp)
                 config.attributes["connection"] = conn
                 step(config)
                 if sqlite:
@@ -86,10 +112,15 @@ def _check_foreign_keys(conn: Connection) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
-    """Upgrade the database to ``revision`` (the head by default); returns the new revision."""
+    """Upgrade the database to ``revision`` (the head by default); returns the new revision.
+
+    ``0002`` is short for ``admission_0002``.  A stamp an earlier build left
+    in ``alembic_version`` is moved to admission's own table first.
+    """
     from alembic import command
 
-    _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, revision))
+    target = revision_id(revision)
+    _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, target))
     return revision_of(engine)
 
 
@@ -103,7 +134,8 @@ def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> s
     from alembic import command
 
     config = alembic_config(engine, x_arguments={"allow-unsafe-downgrade": "yes"} if allow_unsafe else None)
-    _migrate(engine, config, lambda c: command.downgrade(c, revision))
+    target = revision_id(revision)
+    _migrate(engine, config, lambda c: command.downgrade(c, target))
     return revision_of(engine)
 
 

@@ -191,6 +191,8 @@ LOCK_POSTGRES = (
 RUN = select(workflow_runs).where(
     workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
 )
+
+
 def _by_key(query: Callable[[str], Select[Any]]) -> CompoundSelect[Any]:
     """``query`` for the token and for the raw key, as two point lookups.
 
@@ -213,30 +215,36 @@ COMMANDS_BY_KEY = _by_key(
 )
 # The unlocked receipt read of a retry, with the command's update (if any).
 RECEIPTS = _by_key(
-    lambda value: select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
-    .select_from(
-        workflow_commands.join(
-            workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
-        ).outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
-    )
-    .where(
-        workflow_instances.c.namespace == _b("namespace"),
-        workflow_instances.c.workflow_id == _b("workflow_id"),
-        workflow_commands.c.command_type == _b("command_type"),
-        workflow_commands.c.request_id == _b(value),
+    lambda value: (
+        select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
+        .select_from(
+            workflow_commands.join(
+                workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
+            ).outerjoin(workflow_updates, workflow_updates.c.command_id == workflow_commands.c.id)
+        )
+        .where(
+            workflow_instances.c.namespace == _b("namespace"),
+            workflow_instances.c.workflow_id == _b("workflow_id"),
+            workflow_commands.c.command_type == _b("command_type"),
+            workflow_commands.c.request_id == _b(value),
+        )
     )
 )
 # Signals have no update rows, so their read does not join workflow_updates.
 SIGNAL_RECEIPTS = _by_key(
-    lambda value: select(workflow_commands)
-    .select_from(
-        workflow_commands.join(workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id)
-    )
-    .where(
-        workflow_instances.c.namespace == _b("namespace"),
-        workflow_instances.c.workflow_id == _b("workflow_id"),
-        workflow_commands.c.command_type == _b("command_type"),
-        workflow_commands.c.request_id == _b(value),
+    lambda value: (
+        select(workflow_commands)
+        .select_from(
+            workflow_commands.join(
+                workflow_instances, workflow_instances.c.id == workflow_commands.c.instance_id
+            )
+        )
+        .where(
+            workflow_instances.c.namespace == _b("namespace"),
+            workflow_instances.c.workflow_id == _b("workflow_id"),
+            workflow_commands.c.command_type == _b("command_type"),
+            workflow_commands.c.request_id == _b(value),
+        )
     )
 )
 PENDING = (

@@ -66,8 +66,8 @@ from admission.sql._receipt_queries import (
     run_row,
     update_row,
 )
+from admission.sql._revisions import check_revision
 from admission.sql._schema import (
-    check_revision,
     workflow_commands,
     workflow_history_events,
     workflow_instances,

@@ -1,10 +1,10 @@
-"""The database schema, declared with SQLAlchemy Core, and the revision check.
+"""The database schema, declared with SQLAlchemy Core.
 
 Table names follow the upstream engine (``workflow_instances``,
 ``workflow_runs``, ``workflow_commands``, ``workflow_updates``,
 ``workflow_history_events``) so that legacy receipt databases upgrade in
-place (contract §6).  Alembic owns the schema: ``admission/migrations``
-holds revision ``0001`` (the receipt schema before intents, the shape legacy
+place (contract §6).  Alembic owns the schema: ``admission/sql/migrations``
+holds revision ``admission_0001`` (the receipt schema before intents, the shape legacy
 databases have), ``0002`` (the intent columns, DDL only), ``0003`` (the
 durable worker's tables and the outbox cursors, plus the fencing trigger on
 ``worker_records`` that refuses a write carrying a stale lease token) and
@@ -36,15 +36,8 @@ from sqlalchemy import (
     Table,
     UniqueConstraint,
 )
-from sqlalchemy.engine import Connection
-
-from admission.errors import SchemaRevisionError
 
 __all__ = [
-    "HEAD_REVISION",
-    "KNOWN_REVISIONS",
-    "check_revision",
-    "current_revision",
     "metadata",
     "outbox_cursors",
     "worker_events",
@@ -63,12 +56,6 @@ __all__ = [
     "workflow_runs",
     "workflow_updates",
 ]
-
-HEAD_REVISION: Final = "0004"
-"""The schema revision this version of admission reads and writes."""
-
-KNOWN_REVISIONS: Final = ("0001", "0002", "0003", "0004")
-"""Every revision admission has shipped, oldest first."""
 
 NAMING_CONVENTION: Final = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -369,45 +356,3 @@ worker_job_events = Table(
     sqlite_autoincrement=True,
 )
 """Every job transition and request, written in the transaction that made it."""
-
-
-def current_revision(connection: Connection) -> str | None:
-    """The alembic revision stamped in the database, or ``None`` if there is none."""
-    from sqlalchemy import inspect, text
-
-    if not inspect(connection).has_table("alembic_version"):
-        return None
-    rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
-    if len(rows) != 1:
-        raise SchemaRevisionError(
-            f"alembic_version holds {len(rows)} rows; expected exactly one", revision=None
-        )
-    return str(rows[0])
-
-
-def check_revision(connection: Connection) -> str:
-    """Refuse to run against a schema revision other than the head (contract §6).
-
-    Nothing upgrades at start-up: an older revision names the upgrade
-    command, a newer or unknown one is refused as well.
-    """
-    revision = current_revision(connection)
-    if revision == HEAD_REVISION:
-        return revision
-    if revision is None:
-        raise SchemaRevisionError(
-            "the database has no admission schema; run `admission db upgrade --db URL`",
-            revision=None,
-        )
-    if revision in KNOWN_REVISIONS:
-        raise SchemaRevisionError(
-            f"the database is at schema revision {revision}, older than {HEAD_REVISION}; "
-            "back it up, then run `admission db upgrade --db URL`",
-            revision=revision,
-        )
-    raise SchemaRevisionError(
-        f"the database is at schema revision {revision!r}, which this version of admission "
-        f"does not know (it knows {', '.join(KNOWN_REVISIONS)}); use the admission release "
-        "that wrote it",
-        revision=revision,
-    )

@@ -30,8 +30,8 @@ from admission.sql._engine import (
     wrap_exceptions,
 )
 from admission.sql._raw import BulkInsert, BulkStatement
+from admission.sql._revisions import check_revision
 from admission.sql._schema import (
-    check_revision,
     outbox_cursors,
     worker_events,
     worker_leases,

@@ -7,7 +7,8 @@ again.  The only differences allowed are the declared deltas: revision 0002's
 three new nullable columns on ``workflow_commands`` (NULL in every existing
 row), the new, empty worker and outbox tables of revision 0003 and job tables
 of revision 0004 (exactly as a fresh database at the head has them, with their
-sequences on PostgreSQL), and ``alembic_version`` 0001 -> head.  Every other table, column, index,
+sequences on PostgreSQL), and the stamp: ``0001`` leaves ``alembic_version`` (where earlier builds
+kept it; the table goes) and the head lands in ``admission_alembic_version``.  Every other table, column, index,
 constraint, row (and, on PostgreSQL, sequence) is identical.
 """
 
@@ -26,7 +27,8 @@ from sqlalchemy import Engine, text
 
 from admission.errors import SchemaRevisionError
 from admission.receipts import AdmissionService, Decision
-from admission.sql import HEAD_REVISION, SqlStore, create_admission_engine
+from admission.sql import HEAD_REVISION, VERSION_TABLE, SqlStore, create_admission_engine
+from admission.sql._revisions import version_table_of
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import LegacyCase, LegacyManifest, build_legacy_database
@@ -115,8 +117,10 @@ def declared_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, An
         commands["column_order"].append(name)
         for row in commands["rows"]:
             row[name] = None
-    assert expected["tables"]["alembic_version"]["rows"] == [{"version_num": "0001"}]
-    expected["tables"]["alembic_version"]["rows"] = [{"version_num": HEAD_REVISION}]
+    legacy_stamp = expected["tables"].pop("alembic_version")
+    assert legacy_stamp["rows"] == [{"version_num": "0001"}]
+    expected["tables"]["admission_alembic_version"] = copy.deepcopy(head["tables"]["admission_alembic_version"])
+    assert expected["tables"]["admission_alembic_version"]["rows"] == [{"version_num": HEAD_REVISION}]
     return expected
 
 
@@ -134,12 +138,12 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     result = cli(url, "db", "upgrade")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert (report["from_revision"], report["revision"]) == ("0001", HEAD_REVISION)
+    assert (report["from_revision"], report["revision"]) == ("admission_0001", HEAD_REVISION)
 
     after = snapshot(engine)
     assert diff_snapshots(declared_delta(before, fresh_head), after) == []
 
-    # The same, said as the raw difference: only workflow_commands and alembic_version, and only so much.
+    # The same, said as the raw difference: only workflow_commands and the stamp, and only so much.
     lines = [
         line
         for line in diff_snapshots(before, after)
@@ -150,7 +154,10 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     commands = len(before["tables"]["workflow_commands"]["rows"])
     assert len(lines) == 3 + 1 + 3 * commands + 2, "\n".join(lines)
     assert all(
-        line.startswith(("tables.workflow_commands.", "tables.alembic_version.rows[")) for line in lines
+        line.startswith(
+            ("tables.workflow_commands.", "tables.alembic_version: removed", "tables.admission_alembic_version: added")
+        )
+        for line in lines
     ), "\n".join(lines)
     for row in after["tables"]["workflow_commands"]["rows"]:
         assert (row["intent_digest"], row["arguments_digest"], row["intent_encoding"]) == (None, None, None)
@@ -179,7 +186,12 @@ def test_downgrading_the_untouched_upgrade_restores_the_legacy_database_exactly(
     assert cli(url, "db", "upgrade").returncode == 0
     result = cli(url, "db", "downgrade", "0001")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert diff_snapshots(before, snapshot(engine)) == []
+    # The stamp stays where the upgrade moved it (it moves once); everything else is as before.
+    after = snapshot(engine)
+    moved = after["tables"].pop("admission_alembic_version")
+    assert moved["rows"] == [{"version_num": "admission_0001"}]
+    assert before["tables"].pop("alembic_version")["rows"] == [{"version_num": "0001"}]
+    assert diff_snapshots(before, after) == []
 
 
 # -- revision checks: refused before, working after ------------------------------------------------------
@@ -189,8 +201,8 @@ def test_store_refuses_the_legacy_revision_until_upgraded(legacy: tuple[str, Leg
     url, manifest = legacy
     with pytest.raises(SchemaRevisionError) as refused:
         SqlStore.open(url)
-    assert "admission db upgrade" in str(refused.value)
-    assert refused.value.revision == "0001"
+    assert "admission db upgrade" in str(refused.value) and "alembic_version" in str(refused.value)
+    assert refused.value.revision == "admission_0001"
 
     assert cli(url, "db", "upgrade").returncode == 0
     store = SqlStore.open(url)
@@ -209,7 +221,7 @@ def test_db_check_exits_3_before_and_0_after(legacy: tuple[str, LegacyManifest])
     before = cli(url, "db", "check")
     assert before.returncode == 3, before.stderr
     report = json.loads(before.stdout)
-    assert (report["revision"], report["head"], report["ok"]) == ("0001", HEAD_REVISION, False)
+    assert (report["revision"], report["head"], report["ok"]) == ("admission_0001", HEAD_REVISION, False)
     assert "admission db upgrade" in report["message"]
 
     assert cli(url, "db", "upgrade").returncode == 0
@@ -219,28 +231,31 @@ def test_db_check_exits_3_before_and_0_after(legacy: tuple[str, LegacyManifest])
 
 
 def _stamp(engine: Engine, revision: str) -> None:
+    # As a later admission would leave it: in admission's own version table.
     with engine.begin() as conn:
-        conn.execute(text("UPDATE alembic_version SET version_num = :r"), {"r": revision})
+        conn.execute(text("DROP TABLE alembic_version"))
+        version_table_of(VERSION_TABLE).create(conn)
+        conn.execute(text(f"INSERT INTO {VERSION_TABLE} (version_num) VALUES (:r)"), {"r": revision})
 
 
 def test_an_unknown_revision_is_refused_clearly_and_left_alone(
     legacy: tuple[str, LegacyManifest], engine: Engine
 ) -> None:
     url, _ = legacy
-    _stamp(engine, "0099")
+    _stamp(engine, "admission_0099")
     stamped = snapshot(engine)
 
     with pytest.raises(SchemaRevisionError) as refused:
         SqlStore.open(url)
-    assert "'0099'" in str(refused.value) and "does not know" in str(refused.value)
-    assert refused.value.revision == "0099"
+    assert "'admission_0099'" in str(refused.value) and "does not know" in str(refused.value)
+    assert refused.value.revision == "admission_0099"
 
     check = cli(url, "db", "check")
     assert check.returncode == 3
-    assert "0099" in json.loads(check.stdout)["message"]
+    assert "admission_0099" in json.loads(check.stdout)["message"]
     admit = cli(url, "receipt", "order-1001", "--namespace", "acme", "--type", "update", "--request-id", "x")
     assert admit.returncode == 3 and admit.stdout == ""
-    assert "0099" in admit.stderr and "Traceback" not in admit.stderr
+    assert "admission_0099" in admit.stderr and "Traceback" not in admit.stderr
 
     upgrade = cli(url, "db", "upgrade")
     assert upgrade.returncode != 0
@@ -251,10 +266,10 @@ def test_db_upgrade_of_an_unknown_revision_says_so_in_one_line(
     legacy: tuple[str, LegacyManifest], engine: Engine
 ) -> None:
     url, _ = legacy
-    _stamp(engine, "0099")
+    _stamp(engine, "admission_0099")
     upgrade = cli(url, "db", "upgrade")
     assert upgrade.returncode == 3
-    assert "0099" in upgrade.stderr and "Traceback" not in upgrade.stderr
+    assert "admission_0099" in upgrade.stderr and "Traceback" not in upgrade.stderr
 
 
 # -- the fixture -----------------------------------------------------------------------------------------

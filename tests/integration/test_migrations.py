@@ -17,6 +17,7 @@ from admission.errors import InputError, StorageError
 from admission.sql import (
     HEAD_REVISION,
     KNOWN_REVISIONS,
+    VERSION_TABLE,
     alembic_config,
     create_admission_engine,
     downgrade,
@@ -38,7 +39,7 @@ def test_revisions_are_0001_to_0004_and_head_is_what_the_code_reads(tmp_path: Pa
     engine = create_admission_engine(f"sqlite:///{tmp_path / 'x.sqlite3'}")
     script = ScriptDirectory.from_config(alembic_config(engine))
     chain = [rev.revision for rev in reversed(list(script.walk_revisions()))]
-    assert chain == list(KNOWN_REVISIONS) == ["0001", "0002", "0003", "0004"]
+    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 5)]
     assert script.get_current_head() == HEAD_REVISION
 
 
@@ -49,7 +50,7 @@ def test_upgrade_head_equals_the_declared_tables(
     assert upgrade(engine) == HEAD_REVISION
     with engine.connect() as conn:
         context = MigrationContext.configure(
-            conn, opts={"compare_type": True, "compare_server_default": True}
+            conn, opts={"compare_type": True, "compare_server_default": True, "version_table": VERSION_TABLE}
         )
         assert compare_metadata(context, metadata) == []
     engine.dispose()
@@ -85,7 +86,7 @@ def test_downgrade_is_refused_once_new_format_receipts_exist(
     with pytest.raises(RuntimeError, match="refusing to downgrade"):
         downgrade(engine, "0001")
     assert revision_of(engine) == HEAD_REVISION
-    assert downgrade(engine, "0001", allow_unsafe=True) == "0001"
+    assert downgrade(engine, "0001", allow_unsafe=True) == "admission_0001"
     engine.dispose()
 
 

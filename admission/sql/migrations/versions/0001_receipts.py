@@ -4,7 +4,7 @@ Commands carry a nullable ``request_id`` (a raw key or a token on legacy
 rows, NULL for unkeyed signals) under the unique index
 ``workflow_commands_request_lookup``, and no digest columns.
 
-Revision ID: 0001
+Revision ID: admission_0001
 Revises:
 Create Date: 2026-11-29
 """
@@ -14,9 +14,9 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0001"
+revision = "admission_0001"
 down_revision = None
-branch_labels = None
+branch_labels = ("admission",)
 depends_on = None
 
 TIME = sa.DateTime(timezone=True)

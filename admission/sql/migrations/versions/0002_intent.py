@@ -5,8 +5,8 @@ is a legacy receipt.  Downgrading is refused once any receipt has been written
 in the new format, because an older writer would then be an unsafe rollback
 target (docs/upgrading.md); ``-x allow-unsafe-downgrade=yes`` overrides.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: admission_0002
+Revises: admission_0001
 Create Date: 2026-11-29
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context, op
 
-revision = "0002"
-down_revision = "0001"
+revision = "admission_0002"
+down_revision = "admission_0001"
 branch_labels = None
 depends_on = None
 

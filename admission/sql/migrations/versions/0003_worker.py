@@ -4,8 +4,8 @@ New tables only; nothing existing changes and nothing is backfilled.  The
 fencing trigger on ``worker_records`` makes the database itself refuse a
 write whose ``fence`` is not the queue's current lease token (contract §3).
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: admission_0003
+Revises: admission_0002
 Create Date: 2026-12-01
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context, op
 
-revision = "0003"
-down_revision = "0002"
+revision = "admission_0003"
+down_revision = "admission_0002"
 branch_labels = None
 depends_on = None
 

@@ -6,8 +6,8 @@
 these tables; it is refused while any job exists, because their history would
 be lost (``-x allow-unsafe-downgrade=yes`` overrides).
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: admission_0004
+Revises: admission_0003
 Create Date: 2026-12-01
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import context, op
 
-revision = "0004"
-down_revision = "0003"
+revision = "admission_0004"
+down_revision = "admission_0003"
 branch_labels = None
 depends_on = None
 
