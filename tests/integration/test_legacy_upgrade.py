@@ -7,9 +7,9 @@ again.  The only differences allowed are the declared deltas: revision 0002's
 three new nullable columns on ``workflow_commands`` (NULL in every existing
 row), the new, empty worker and outbox tables of revision 0003 and job tables
 of revision 0004 (exactly as a fresh database at the head has them, with their
-sequences on PostgreSQL), and the stamp: ``0001`` leaves ``alembic_version`` (where earlier builds
-kept it; the table goes) and the head lands in ``admission_alembic_version``.  Every other table, column, index,
-constraint, row (and, on PostgreSQL, sequence) is identical.
+sequences on PostgreSQL), and the stamp: ``0001`` leaves ``alembic_version`` (where earlier
+builds kept it; the table goes) and the head lands in ``admission_alembic_version``.  Every
+other table, column, index, constraint, row (and, on PostgreSQL, sequence) is identical.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def declared_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, An
             row[name] = None
     legacy_stamp = expected["tables"].pop("alembic_version")
     assert legacy_stamp["rows"] == [{"version_num": "0001"}]
-    expected["tables"]["admission_alembic_version"] = copy.deepcopy(head["tables"]["admission_alembic_version"])
+    expected["tables"]["admission_alembic_version"] = copy.deepcopy(
+        head["tables"]["admission_alembic_version"]
+    )
     assert expected["tables"]["admission_alembic_version"]["rows"] == [{"version_num": HEAD_REVISION}]
     return expected
 
@@ -155,7 +157,11 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     assert len(lines) == 3 + 1 + 3 * commands + 2, "\n".join(lines)
     assert all(
         line.startswith(
-            ("tables.workflow_commands.", "tables.alembic_version: removed", "tables.admission_alembic_version: added")
+            (
+                "tables.workflow_commands.",
+                "tables.alembic_version: removed",
+                "tables.admission_alembic_version: added",
+            )
         )
         for line in lines
     ), "\n".join(lines)
