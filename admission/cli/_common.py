@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from admission.errors import AdmissionError
 from admission.http import parse_json_value
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_DB",
+    "ENV_SCHEMA",
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
     "EXIT_FAILED",
@@ -36,6 +37,7 @@ __all__ = [
     "UsageError",
     "arguments_from",
     "db_url",
+    "engine_options",
     "json_file",
     "open_service",
     "print_error",
@@ -67,6 +69,9 @@ EXIT_OWNED = 11
 
 ENV_DB = "ADMISSION_DB"
 """The database URL when ``--db`` is not given."""
+
+ENV_SCHEMA = "ADMISSION_SCHEMA"
+"""The PostgreSQL schema when ``--schema`` is not given."""
 
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 """The top-level subparsers, to which each command group adds its own."""
@@ -140,10 +145,16 @@ def db_url(args: argparse.Namespace) -> str:
     return url
 
 
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine options the command names: the PostgreSQL schema, if any."""
+    schema = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
+    return {"schema": schema} if schema else {}
+
+
 def open_service(args: argparse.Namespace) -> AdmissionService:
     """The admission service on the database the command names."""
     # Imported here so that commands without a database stay quick to start.
     from admission.receipts import AdmissionService
     from admission.sql import SqlStore
 
-    return AdmissionService(SqlStore.open(db_url(args)))
+    return AdmissionService(SqlStore.open(db_url(args), **engine_options(args)))

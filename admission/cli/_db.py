@@ -10,6 +10,7 @@ from admission.cli._common import (
     EXIT_SCHEMA,
     Commands,
     db_url,
+    engine_options,
     print_error,
     print_json,
 )
@@ -21,7 +22,7 @@ __all__ = ["add_parser"]
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from admission.sql import create_admission_engine, masked_url, revision_of, upgrade
 
-    engine = create_admission_engine(db_url(args))
+    engine = create_admission_engine(db_url(args), **engine_options(args))
     before = revision_of(engine)
     after = upgrade(engine, args.revision)
     engine.dispose()
@@ -32,7 +33,7 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
 def _cmd_db_downgrade(args: argparse.Namespace) -> int:
     from admission.sql import create_admission_engine, downgrade, masked_url, revision_of
 
-    engine = create_admission_engine(db_url(args))
+    engine = create_admission_engine(db_url(args), **engine_options(args))
     before = revision_of(engine)
     try:
         after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
@@ -48,7 +49,7 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
 def _cmd_db_check(args: argparse.Namespace) -> int:
     from admission.sql import HEAD_REVISION, check_revision, create_admission_engine, masked_url, revision_of
 
-    engine = create_admission_engine(db_url(args))
+    engine = create_admission_engine(db_url(args), **engine_options(args))
     revision = revision_of(engine)
     database = masked_url(db_url(args))
     report: dict[str, object] = {"database": database, "revision": revision, "head": HEAD_REVISION}

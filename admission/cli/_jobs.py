@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from admission.cli._common import EXIT_OK, Commands, db_url, print_json
+from admission.cli._common import EXIT_OK, Commands, db_url, engine_options, print_json
 
 if TYPE_CHECKING:
     from admission.jobs import JobService
@@ -19,7 +19,7 @@ def _jobs(args: argparse.Namespace) -> JobService:
     from admission.jobs import JobService
     from admission.sql import SqlJobStore
 
-    return JobService(SqlJobStore.open(db_url(args)))
+    return JobService(SqlJobStore.open(db_url(args), **engine_options(args)))
 
 
 def _cmd_jobs_status(args: argparse.Namespace) -> int:

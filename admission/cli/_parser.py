@@ -15,6 +15,7 @@ from admission import __version__
 from admission.cli import _db, _intent, _jobs, _receipts, _serve, _worker
 from admission.cli._common import (
     ENV_DB,
+    ENV_SCHEMA,
     EXIT_INVALID,
     EXIT_OWNED,
     EXIT_REFUSED,
@@ -67,6 +68,10 @@ def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"admission {__version__}")
     parser.add_argument(
         "--db", help=f"database URL (default: ${ENV_DB}, else an embedded SQLite file admission.sqlite3)"
+    )
+    parser.add_argument(
+        "--schema",
+        help=f"PostgreSQL only: the schema of admission's tables (default: ${ENV_SCHEMA}, else the default)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

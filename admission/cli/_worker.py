@@ -12,7 +12,16 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from admission.cli._common import EXIT_CONFLICT, EXIT_OK, Commands, UsageError, db_url, json_file, print_json
+from admission.cli._common import (
+    EXIT_CONFLICT,
+    EXIT_OK,
+    Commands,
+    UsageError,
+    db_url,
+    engine_options,
+    json_file,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from admission.worker import DurableWorker, Target
@@ -44,7 +53,7 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
 
     # Opening the store checks the schema revision (contract §6) behind the
     # store's driver-error boundary, before anything else is read.
-    store = SqlWorkerStore.open(db_url(args))
+    store = SqlWorkerStore.open(db_url(args), **engine_options(args))
     scope = Scope.parse(json_file(args.scope, "--scope"))
     return DurableWorker(
         store,

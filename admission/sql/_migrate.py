@@ -19,6 +19,7 @@ from sqlalchemy import Connection, Engine
 from admission.errors import SchemaRevisionError, StorageError
 from admission.sql._engine import schema_of, wrap_exceptions
 from admission.sql._revisions import (
+    HEAD_REVISION,
     HOST_VERSION_TABLE,
     KNOWN_REVISIONS,
     VERSION_TABLE,
@@ -65,7 +66,7 @@ def _connected(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
+def _migrate(engine: Engine, config: Config, step: Callable[[Config], None], target: str) -> None:
     with _connected(engine) as conn:
         stamp = find_stamp(conn)
         conn.rollback()  # end the read's implicit transaction before the migration's own
@@ -76,6 +77,8 @@ def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> 
                 revision=stamp.revision,
             )
         if stamp is not None and stamp.place is StampPlace.HOST:
+            if stamp.revision == (HEAD_REVISION if target == "head" else target):
+                return  # already there: nothing for admission to do in the host's table
             # The host's alembic owns that table and knows revisions admission
             # cannot locate: it runs admission's revisions itself.
             raise SchemaRevisionError(
@@ -120,7 +123,7 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     from alembic import command
 
     target = revision_id(revision)
-    _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, target))
+    _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, target), target)
     return revision_of(engine)
 
 
@@ -135,7 +138,7 @@ def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> s
 
     config = alembic_config(engine, x_arguments={"allow-unsafe-downgrade": "yes"} if allow_unsafe else None)
     target = revision_id(revision)
-    _migrate(engine, config, lambda c: command.downgrade(c, target))
+    _migrate(engine, config, lambda c: command.downgrade(c, target), target)
     return revision_of(engine)
 
 
