@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write the golden vectors of ``intent-v1`` (vectors/README.md).
+"""Write the golden vectors of ``intent-v1`` (admission/intent/vectors/README.md).
 
 Usage: ``python tools/make_vectors.py [OUTDIR] [--base-manifest PATH]``
 
@@ -11,7 +11,7 @@ CBOR decoder (``cbor2``).  A disagreement stops the run with nothing written.
 
 The output is deterministic: the same code writes byte-identical files.  The
 vectors are append-only once released: the MANIFEST given by
-``--base-manifest`` (default: the repository's ``vectors/MANIFEST``) lists the
+``--base-manifest`` (default: ``admission/intent/vectors/MANIFEST``) lists the
 released cases; if one of them would change or disappear, the run stops.  New
 cases are appended to the MANIFEST.  So: never edit or reorder a case below,
 only add new ones at the end of a category's list.
@@ -61,9 +61,12 @@ from admission.intent._vectors import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+# The one copy of the vectors: package data, so they install with the code.
+# Written into the checkout, never into wherever admission is installed.
+VECTORS = REPO / "admission" / "intent" / "vectors"
 
 # Encodings up to this size are stored in full; larger ones by length, SHA-256
-# and prefix (vectors/README.md, "encode").
+# and prefix (admission/intent/vectors/README.md, "encode").
 INLINE_LIMIT = 1024
 PREFIX_BYTES = 32
 
@@ -1269,7 +1272,7 @@ def make_encode_refusals() -> list[dict[str, object]]:
         rendering={"list": [render(None), {"unsupported": "set"}]},
         path="$[1]",
     )
-    # Path rendering (vectors/README.md, "Paths").
+    # Path rendering (admission/intent/vectors/README.md, "Paths").
     refuse(
         "path.space", 'A key that is not an identifier is quoted: $["a b"].', {"a b": [2**64]}, '$["a b"][0]'
     )
@@ -1671,7 +1674,7 @@ def render_file(category: str, cases: list[dict[str, object]]) -> str:
 
 MANIFEST_HEADER = """\
 # Append-only list of released golden vectors: "<file> <id> <sha256 of the case's canonical JSON>".
-# Written by tools/make_vectors.py; a listed case never changes or disappears (vectors/README.md).
+# Written by tools/make_vectors.py; a listed case never changes or disappears (README.md beside this file).
 """
 
 
@@ -1710,12 +1713,13 @@ def manifest_text(vectors: dict[str, list[dict[str, object]]], base: list[tuple[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument(
-        "outdir", nargs="?", default=str(REPO / "vectors"), help="where to write (default: vectors/)"
+        "outdir", nargs="?", default=str(VECTORS), help="where to write (default: admission/intent/vectors/)"
     )
     parser.add_argument(
         "--base-manifest",
-        default=str(REPO / "vectors" / MANIFEST_NAME),
-        help="the released MANIFEST to append to (default: vectors/MANIFEST; ignored if absent)",
+        default=str(VECTORS / MANIFEST_NAME),
+        help="the released MANIFEST to append to (default: the one in admission/intent/vectors/; "
+        "ignored if absent)",
     )
     args = parser.parse_args(argv)
     if ACCELERATED:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from admission.cli._common import (
@@ -21,6 +22,7 @@ from admission.intent import (
     canonical_encode,
     intent_digest,
     receipt_token,
+    shipped_vectors,
     validate_request_id,
     verify_vectors,
 )
@@ -48,9 +50,13 @@ def _cmd_intent(args: argparse.Namespace) -> int:
 
 
 def _cmd_vectors_verify(args: argparse.Namespace) -> int:
-    directory = Path(args.directory)
-    if not directory.is_dir():
-        raise UsageError("DIR", f"{directory} is not a directory")
+    directory: Path | Traversable
+    if args.directory is None:
+        directory = shipped_vectors()
+    else:
+        directory = Path(args.directory)
+        if not directory.is_dir():
+            raise UsageError("DIR", f"{directory} is not a directory")
     report = verify_vectors(directory)
     for line in report.failures:
         print(line, file=sys.stderr)
@@ -79,5 +85,11 @@ def add_parser(commands: Commands) -> None:
     vectors = commands.add_parser("vectors", help="golden vectors")
     vector_commands = vectors.add_subparsers(dest="vectors_command", required=True, metavar="ACTION")
     verify = vector_commands.add_parser("verify", help="re-derive every golden vector; exit 1 on a mismatch")
-    verify.add_argument("directory", nargs="?", default="vectors", metavar="DIR")
+    verify.add_argument(
+        "directory",
+        nargs="?",
+        default=None,
+        metavar="DIR",
+        help="the vectors to check (default: the ones installed with admission)",
+    )
     verify.set_defaults(handler=_cmd_vectors_verify)

@@ -27,6 +27,7 @@ from admission.intent._keys import (
     receipt_token,
     validate_request_id,
 )
+from admission.intent._location import shipped_vectors
 from admission.intent._vectors import VectorFormatError, case_digest, load_manifest, load_vectors, typed_value
 from admission.intent._verify import VerifyReport, verify_vectors
 
@@ -54,6 +55,7 @@ __all__ = [
     "load_vectors",
     "normalize_request_id",
     "receipt_token",
+    "shipped_vectors",
     "typed_value",
     "validate_request_id",
     "verify_vectors",

@@ -1,11 +1,14 @@
 """Golden vectors for ``intent-v1``: the format and the one loader.
 
-The vectors in ``vectors/*.json`` are data, written by ``tools/make_vectors.py``
-and specified in ``vectors/README.md`` so that a port in another language can
-read them exactly.  This module is the only reader: :func:`load_vectors`
-checks the shape of every file (a malformed file is an error, never a silently
-skipped case), :func:`typed_value` turns a typed rendering into the Python
-value, and :func:`load_manifest` reads the append-only ``MANIFEST``.
+The vectors in ``admission/intent/vectors/*.json`` are data, written by
+``tools/make_vectors.py`` and specified in
+``admission/intent/vectors/README.md`` so that a port in another language can
+read them exactly.  They ship inside the package
+(:func:`~admission.intent.shipped_vectors` finds them).  This module is the
+only reader: :func:`load_vectors` checks the shape of every file (a malformed
+file is an error, never a silently skipped case), :func:`typed_value` turns a
+typed rendering into the Python value, and :func:`load_manifest` reads the
+append-only ``MANIFEST``.
 Re-deriving the expected outputs is :mod:`admission.intent._verify`.
 
 A digest released in a vector must be recomputed bit-for-bit forever (contract
@@ -24,10 +27,11 @@ import os
 import re
 import struct
 from collections.abc import Callable
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Final
 
 from admission.intent._encoding import INTENT_VERSION
+from admission.intent._location import folder
 
 __all__ = [
     "MANIFEST_NAME",
@@ -50,7 +54,7 @@ MANIFEST_NAME: Final = "MANIFEST"
 """The append-only list of released cases, beside the vector files."""
 
 UNSUPPORTED_KINDS: Final = ("set", "frozenset", "decimal", "datetime", "complex", "object")
-"""The kinds an ``{"unsupported": kind}`` rendering may name (see vectors/README.md)."""
+"""The kinds an ``{"unsupported": kind}`` rendering may name (see admission/intent/vectors/README.md)."""
 
 # Generators expand into Python objects; the bound keeps a corrupt count from
 # exhausting memory before anything is checked.
@@ -66,14 +70,14 @@ _ERROR_CODES: Final = frozenset(
 
 
 class VectorFormatError(ValueError):
-    """A vector file, a typed value or the MANIFEST does not follow vectors/README.md.
+    """A vector file, a typed value or the MANIFEST does not follow admission/intent/vectors/README.md.
 
     The message names the file, the case and the member that is wrong.
     """
 
 
 # --------------------------------------------------------------------------
-# Typed values (vectors/README.md, "Typed values").
+# Typed values (admission/intent/vectors/README.md, "Typed values").
 
 
 def _fail(where: str, message: str) -> VectorFormatError:
@@ -189,7 +193,7 @@ def _typed_text(obj: object, where: str) -> str:
 
 
 def typed_value(obj: object, where: str = "value") -> object:
-    """The Python value of a typed rendering (vectors/README.md, "Typed values").
+    """The Python value of a typed rendering (admission/intent/vectors/README.md, "Typed values").
 
     Raises :class:`VectorFormatError` naming ``where`` when the rendering is
     malformed or inconsistent (for example ``text`` and ``utf8`` disagree).
@@ -335,7 +339,7 @@ def _nest(obj: object, where: str) -> object:
 # Files, cases and the MANIFEST.
 
 
-def _load_json(path: Path) -> object:
+def _load_json(path: Traversable) -> object:
     raw = path.read_bytes()
     try:
         text = raw.decode("ascii")
@@ -484,19 +488,25 @@ _CHECKS: Final[dict[str, Callable[[dict[str, object], str], None]]] = {
 }
 
 
-def load_vectors(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, object]]]:
+def load_vectors(
+    directory: str | os.PathLike[str] | Traversable | None = None,
+) -> dict[str, list[dict[str, object]]]:
     """Read every vector file in ``directory``: category -> cases, in file order.
 
-    This is the one loader (vectors/README.md).  It requires exactly the files
-    ``<category>.json`` for :data:`VECTOR_CATEGORIES`, plain-ASCII JSON with no
-    duplicate members and no non-integer numbers, the documented members for
-    each case, well-formed typed values, and ids unique across all files.
+    Without ``directory``, the vectors that ship with the package
+    (:func:`~admission.intent.shipped_vectors`).
+
+    This is the one loader (admission/intent/vectors/README.md).  It requires
+    exactly the files ``<category>.json`` for :data:`VECTOR_CATEGORIES`,
+    plain-ASCII JSON with no duplicate members and no non-integer numbers, the
+    documented members for each case, well-formed typed values, and ids
+    unique across all files.
     Raises :class:`VectorFormatError` with the file, case and member otherwise.
     """
-    root = Path(directory)
+    root = folder(directory)
     if not root.is_dir():
         raise VectorFormatError(f"{root}: not a directory")
-    present = {p.name for p in root.glob("*.json")}
+    present = {p.name for p in root.iterdir() if p.name.endswith(".json")}
     expected = {f"{c}.json" for c in VECTOR_CATEGORIES}
     if present - expected:
         raise VectorFormatError(f"{root}: unknown vector file(s) {sorted(present - expected)}")
@@ -537,7 +547,7 @@ def load_vectors(directory: str | os.PathLike[str]) -> dict[str, list[dict[str, 
 
 
 def case_digest(case: dict[str, object]) -> str:
-    """The SHA-256 that ``MANIFEST`` pins for a case (vectors/README.md, "Append-only").
+    """The SHA-256 that ``MANIFEST`` pins for a case (admission/intent/vectors/README.md, "Append-only").
 
     Computed over the case's canonical JSON: members sorted by name, no
     whitespace, ASCII with ``\\uXXXX`` escapes (Python's ``json.dumps`` with
@@ -550,7 +560,7 @@ def case_digest(case: dict[str, object]) -> str:
 _MANIFEST_LINE: Final = re.compile(r"([a-z_]+\.json) (\S+) ([0-9a-f]{64})\Z")
 
 
-def load_manifest(path: str | os.PathLike[str]) -> list[tuple[str, str, str]]:
+def load_manifest(path: str | os.PathLike[str] | Traversable) -> list[tuple[str, str, str]]:
     """Read a MANIFEST: ``(file, id, sha256)`` per released case, in release order.
 
     Blank lines and lines starting with ``#`` are comments.  Raises
@@ -558,7 +568,7 @@ def load_manifest(path: str | os.PathLike[str]) -> list[tuple[str, str, str]]:
     """
     entries: list[tuple[str, str, str]] = []
     seen: set[tuple[str, str]] = set()
-    text = Path(path).read_text(encoding="ascii")
+    text = folder(path).read_text(encoding="ascii")
     for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip() or line.startswith("#"):
             continue

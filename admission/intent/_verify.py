@@ -15,7 +15,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Final
 
 from admission.errors import AdmissionError
@@ -29,6 +29,7 @@ from admission.intent._encoding import (
     intent_record,
 )
 from admission.intent._keys import normalize_request_id, receipt_token, validate_request_id
+from admission.intent._location import folder
 from admission.intent._vectors import (
     MANIFEST_NAME,
     VectorFormatError,
@@ -328,7 +329,7 @@ _VERIFIERS: Final[dict[str, Callable[[dict[str, object]], Iterator[str]]]] = {
 }
 
 
-def _verify_manifest(root: Path, vectors: dict[str, list[dict[str, object]]]) -> Iterator[str]:
+def _verify_manifest(root: Traversable, vectors: dict[str, list[dict[str, object]]]) -> Iterator[str]:
     path = root / MANIFEST_NAME
     if not path.is_file():
         yield f"{MANIFEST_NAME}: missing; every released case must be listed (run tools/make_vectors.py)"
@@ -363,8 +364,12 @@ def _verify_manifest(root: Path, vectors: dict[str, list[dict[str, object]]]) ->
             )
 
 
-def verify_vectors(directory: str | os.PathLike[str]) -> VerifyReport:
+def verify_vectors(directory: str | os.PathLike[str] | Traversable | None = None) -> VerifyReport:
     """Re-derive every vector in ``directory`` with the current code and check the MANIFEST.
+
+    Without ``directory``, the vectors that ship with the package
+    (:func:`~admission.intent.shipped_vectors`): the installed code checked
+    against the installed vectors.
 
     Encode cases are encoded, strictly decoded and re-encoded; intent cases
     give the record and both digests; key cases the validation outcome and the
@@ -372,7 +377,7 @@ def verify_vectors(directory: str | os.PathLike[str]) -> VerifyReport:
     expected error code, field and (for encoding) path.  A malformed file is
     reported as a failure rather than raised, so a caller can print it.
     """
-    root = Path(directory)
+    root = folder(directory)
     try:
         vectors = load_vectors(root)
     except VectorFormatError as exc:

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from admission import intent_digest, receipt_token
+from admission.intent import shipped_vectors
 
 ROOT = Path(__file__).resolve().parents[2]
+VECTORS = ROOT / "admission" / "intent" / "vectors"
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -130,16 +132,34 @@ def test_a_database_it_cannot_use_is_one_line_without_the_password(
 
 
 def test_vectors_verify_passes_on_the_shipped_vectors() -> None:
-    result = run("vectors", "verify", str(ROOT / "vectors"))
+    result = run("vectors", "verify", str(VECTORS))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] is True
     assert report["total"] >= 150
 
 
+def test_vectors_verify_without_a_folder_checks_the_installed_vectors_from_any_directory(
+    tmp_path: Path,
+) -> None:
+    result = run("vectors", "verify", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] is True
+    assert report["directory"] == str(shipped_vectors())
+    assert report["total"] == json.loads(run("vectors", "verify", str(VECTORS)).stdout)["total"]
+
+
+def test_vectors_verify_refuses_a_folder_that_does_not_exist(tmp_path: Path) -> None:
+    result = run("vectors", "verify", str(tmp_path / "absent"))
+    assert result.returncode == 2
+    assert result.stderr.startswith("admission: ")
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
 def test_vectors_verify_exits_nonzero_on_a_mismatch(tmp_path: Path) -> None:
     copy = tmp_path / "vectors"
-    shutil.copytree(ROOT / "vectors", copy)
+    shutil.copytree(VECTORS, copy)
     intent_file = next(p for p in copy.glob("*.json") if "intent" in p.name)
     text = intent_file.read_text()
     digest = json.loads(text)

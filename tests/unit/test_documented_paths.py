@@ -14,6 +14,7 @@ PAGES = [
     ROOT / "README.md",
     ROOT / "CHANGELOG.md",
     ROOT / "vectors" / "README.md",
+    ROOT / "admission" / "intent" / "vectors" / "README.md",
 ]
 FROM_IMPORT = re.compile(r"^from (admission[\w.]*) import ([\w, ]+)$", re.MULTILINE)
 DOTTED = re.compile(r"(?<![\w/.])admission(?:\.\w+)+")

@@ -1,4 +1,4 @@
-"""Golden vectors (vectors/README.md): the files verify, tampering is caught, generation is exact."""
+"""Golden vectors (admission/intent/vectors/): the files verify, tampering is caught, generation is exact."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 import admission.intent._vectors as vectors_module
 import admission.intent._verify as verify_module
+from admission.intent import shipped_vectors
 from admission.intent._vectors import (
     MANIFEST_NAME,
     VECTOR_CATEGORIES,
@@ -31,7 +33,7 @@ from admission.intent._vectors import (
 from admission.intent._verify import verify_vectors
 
 REPO = Path(__file__).resolve().parents[2]
-VECTORS = REPO / "vectors"
+VECTORS = REPO / "admission" / "intent" / "vectors"
 GENERATOR = REPO / "tools" / "make_vectors.py"
 
 
@@ -76,6 +78,37 @@ def test_committed_vectors_verify_with_the_pure_python_encoder_too() -> None:
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     result = json.loads(done.stdout)
     assert result == {"accelerated": False, "failures": []}
+
+
+def test_the_shipped_vectors_are_the_committed_ones_and_verify_by_default() -> None:
+    # Compared by content, so this holds for an editable and a regular install alike.
+    assert load_vectors() == load_vectors(VECTORS)
+    for name in (*(f"{c}.json" for c in VECTOR_CATEGORIES), MANIFEST_NAME, "README.md"):
+        assert shipped_vectors().joinpath(name).read_bytes() == (VECTORS / name).read_bytes(), name
+    report = verify_vectors()
+    assert report.ok, report.failures[:5]
+    assert report.counts == verify_vectors(VECTORS).counts
+
+
+def test_the_top_level_vectors_folder_holds_no_second_copy() -> None:
+    # One source of truth: the top-level folder only points at the package data.
+    assert sorted(p.name for p in (REPO / "vectors").iterdir()) == ["README.md"]
+    assert "admission/intent/vectors" in (REPO / "vectors" / "README.md").read_text("utf-8")
+
+
+def test_vectors_inside_a_zip_are_read_and_verified_as_resources(tmp_path: Path) -> None:
+    # A package imported from a zip hands out zipfile.Path resources, not files.
+    archive = tmp_path / "vectors.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        for path in sorted(VECTORS.iterdir()):
+            zipped.write(path, f"vectors/{path.name}")
+    with zipfile.ZipFile(archive) as zipped:
+        inside = zipfile.Path(zipped, "vectors/")
+        assert load_vectors(inside) == load_vectors(VECTORS)
+        assert vectors_module.load_manifest(inside / MANIFEST_NAME) == vectors_module.load_manifest(
+            VECTORS / MANIFEST_NAME
+        )
+        assert verify_vectors(inside).ok
 
 
 def test_every_case_is_listed_in_the_manifest_with_its_digest() -> None:
