@@ -3,7 +3,7 @@
 Everything else about the package is declared in pyproject.toml.  The
 extension is ``optional``: where it cannot be compiled (no compiler, no Python
 headers) the build warns and installs the pure-Python package, which encodes
-the same bytes, only slower (admission/encoding.py is the definition).
+the same bytes, only slower (admission/intent/_encoding.py is the definition).
 """
 
 from setuptools import Extension, setup

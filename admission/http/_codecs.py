@@ -158,9 +158,7 @@ def render_json_value(value: Value) -> str:
     other values JSON cannot carry.
     """
     try:
-        return json.dumps(
-            _json_ready(value, "$"), ensure_ascii=False, allow_nan=True, separators=(",", ":")
-        )
+        return json.dumps(_json_ready(value, "$"), ensure_ascii=False, allow_nan=True, separators=(",", ":"))
     except RecursionError:
         raise CodecError("nested too deeply", codec="json", path="") from None
 

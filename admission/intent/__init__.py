@@ -28,7 +28,15 @@ from admission.intent._keys import (
     validate_request_id,
 )
 from admission.intent._location import shipped_vectors
-from admission.intent._vectors import VectorFormatError, case_digest, load_manifest, load_vectors, typed_value
+from admission.intent._vectors import (
+    VECTOR_CATEGORIES,
+    VECTORS_FORMAT,
+    VectorFormatError,
+    case_digest,
+    load_manifest,
+    load_vectors,
+    typed_value,
+)
 from admission.intent._verify import VerifyReport, verify_vectors
 
 __all__ = [
@@ -40,6 +48,8 @@ __all__ = [
     "MAX_REQUEST_ID_LENGTH",
     "RESERVED_SIGNAL_PREFIX",
     "TOKEN_PATTERN",
+    "VECTORS_FORMAT",
+    "VECTOR_CATEGORIES",
     "EncodedIntent",
     "Value",
     "VectorFormatError",
