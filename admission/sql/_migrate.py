@@ -10,21 +10,25 @@ transaction as the migration.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.sql.expression import Executable
 
-from admission.errors import SchemaRevisionError, StorageError
+from admission.errors import InputError, SchemaRevisionError, StorageError
 from admission.sql._engine import schema_of, wrap_exceptions
 from admission.sql._revisions import (
     HOST_VERSION_TABLE,
     KNOWN_REVISIONS,
     VERSION_TABLE,
+    Stamp,
     StampPlace,
     current_revision,
     find_stamp,
+    legacy_stamp_move,
     move_legacy_stamp,
     revision_id,
 )
@@ -34,7 +38,7 @@ if TYPE_CHECKING:
     # that only reads the revision starts without it.
     from alembic.config import Config
 
-__all__ = ["alembic_config", "downgrade", "revision_of", "upgrade"]
+__all__ = ["alembic_config", "downgrade", "revision_of", "upgrade", "upgrade_sql"]
 
 
 def alembic_config(engine: Engine, *, x_arguments: dict[str, str] | None = None) -> Config:
@@ -65,24 +69,30 @@ def _connected(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
+def _migratable_stamp(conn: Connection) -> Stamp | None:
+    """The database's stamp, refused unless admission's own commands may migrate from it."""
+    stamp = find_stamp(conn)
+    conn.rollback()  # end the read's implicit transaction before the migration's own
+    if stamp is not None and stamp.revision not in KNOWN_REVISIONS:
+        raise SchemaRevisionError(
+            f"the database is at schema revision {stamp.revision!r}, which this version of admission "
+            "does not know; use the admission release that wrote it",
+            revision=stamp.revision,
+        )
+    if stamp is not None and stamp.place is StampPlace.HOST:
+        # The host's alembic owns that table and knows revisions admission
+        # cannot locate: it runs admission's revisions itself.
+        raise SchemaRevisionError(
+            f"admission's revision {stamp.revision} is kept among a host project's heads in "
+            f"{HOST_VERSION_TABLE}; upgrade it with the host's alembic (`alembic upgrade heads`)",
+            revision=stamp.revision,
+        )
+    return stamp
+
+
 def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
     with _connected(engine) as conn:
-        stamp = find_stamp(conn)
-        conn.rollback()  # end the read's implicit transaction before the migration's own
-        if stamp is not None and stamp.revision not in KNOWN_REVISIONS:
-            raise SchemaRevisionError(
-                f"the database is at schema revision {stamp.revision!r}, which this version of admission "
-                "does not know; use the admission release that wrote it",
-                revision=stamp.revision,
-            )
-        if stamp is not None and stamp.place is StampPlace.HOST:
-            # The host's alembic owns that table and knows revisions admission
-            # cannot locate: it runs admission's revisions itself.
-            raise SchemaRevisionError(
-                f"admission's revision {stamp.revision} is kept among a host project's heads in "
-                f"{HOST_VERSION_TABLE}; upgrade it with the host's alembic (`alembic upgrade heads`)",
-                revision=stamp.revision,
-            )
+        stamp = _migratable_stamp(conn)
         schema = schema_of(engine)
         sqlite = conn.dialect.name == "sqlite"
         if sqlite:
@@ -122,6 +132,54 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     target = revision_id(revision)
     _migrate(engine, alembic_config(engine), lambda config: command.upgrade(config, target))
     return revision_of(engine)
+
+
+def upgrade_sql(engine: Engine, revision: str = "head") -> str:
+    """The SQL :func:`upgrade` would run, as a script to review; nothing is changed.
+
+    The database is only read, for the revision it is at: the script goes
+    from there to ``revision`` (the head by default).  alembic renders it
+    offline for the engine's dialect, with literal values, in one transaction
+    (``BEGIN`` ... ``COMMIT``), after a comment naming both revisions.  It
+    holds everything the online upgrade runs: first, with a PostgreSQL schema
+    (``create_admission_engine(schema=...)``), ``CREATE SCHEMA IF NOT EXISTS``
+    and ``SET LOCAL search_path`` to it; then the move of a legacy stamp from
+    ``alembic_version`` to ``admission_alembic_version``; then each revision
+    and its stamp.
+
+    The script assumes the revision it was read at: run it once, on that
+    database, before anything else upgrades it.  At ``revision`` already, or
+    past it, the transaction is empty, as :func:`upgrade` then changes
+    nothing.  A revision admission does not know raises
+    :class:`~admission.errors.InputError` (``field`` ``revision``); an
+    unknown stamp, or one a host's alembic keeps, :class:`SchemaRevisionError`.
+    """
+    from alembic import command
+    from alembic.util import CommandError
+
+    target = revision_id(revision)
+    with _connected(engine) as conn:
+        stamp = _migratable_stamp(conn)
+    prelude: list[str | Executable] = []
+    schema = schema_of(engine)
+    if schema is not None:
+        # Online, each connection starts in the schema; a hand-run script does not.
+        prelude += [f'CREATE SCHEMA IF NOT EXISTS "{schema}"', f'SET LOCAL search_path TO "{schema}"']
+    if stamp is not None and stamp.place is StampPlace.LEGACY:
+        prelude += legacy_stamp_move(stamp)
+    config = alembic_config(engine)
+    config.output_buffer = buffer = io.StringIO()
+    start = stamp.revision if stamp is not None else "no revision"
+    buffer.write(f"-- admission db upgrade, {engine.dialect.name}: from {start} (read from the database) ")
+    buffer.write(f"to {revision}\n\n")
+    config.attributes["url"] = engine.url
+    config.attributes["offline_prelude"] = prelude
+    steps = target if stamp is None else f"{stamp.revision}:{target}"
+    try:
+        command.upgrade(config, steps, sql=True)
+    except CommandError as exc:
+        raise InputError(f"cannot upgrade from {start} to {revision}: {exc}", field="revision") from exc
+    return buffer.getvalue()
 
 
 def downgrade(engine: Engine, revision: str, *, allow_unsafe: bool = False) -> str | None:
