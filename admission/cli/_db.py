@@ -22,11 +22,25 @@ __all__ = ["add_parser"]
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from admission.sql import create_admission_engine, masked_url, revision_of, upgrade
 
+    if args.sql:
+        return _print_upgrade_sql(args)
     engine = create_admission_engine(db_url(args), **engine_options(args))
     before = revision_of(engine)
     after = upgrade(engine, args.revision)
     engine.dispose()
     print_json({"database": masked_url(db_url(args)), "from_revision": before, "revision": after})
+    return EXIT_OK
+
+
+def _print_upgrade_sql(args: argparse.Namespace) -> int:
+    # The SQL itself on stdout, not JSON: it is what a reviewer reads and a DBA runs.
+    from admission.sql import create_admission_engine, upgrade_sql
+
+    engine = create_admission_engine(db_url(args), **engine_options(args))
+    try:
+        print(upgrade_sql(engine, args.revision), end="")
+    finally:
+        engine.dispose()
     return EXIT_OK
 
 
@@ -74,6 +88,11 @@ def add_parser(commands: Commands) -> None:
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
     db_upgrade.add_argument("--revision", default="head")
+    db_upgrade.add_argument(
+        "--sql",
+        action="store_true",
+        help="print the SQL the upgrade would run, from the database's revision, and change nothing",
+    )
     db_upgrade.set_defaults(handler=_cmd_db_upgrade)
     db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
     db_check.set_defaults(handler=_cmd_db_check)

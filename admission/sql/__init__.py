@@ -20,7 +20,7 @@ from admission.sql._engine import (
 )
 from admission.sql._host import ADMISSION_TABLES, host_include_object, prepare_host_database
 from admission.sql._jobs import SqlJobStore
-from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade
+from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade, upgrade_sql
 from admission.sql._raw import BulkInsert, BulkStatement, RawStatement
 from admission.sql._receipts import SqlStore
 from admission.sql._revisions import (
@@ -91,6 +91,7 @@ __all__ = [
     "revision_of",
     "schema_of",
     "upgrade",
+    "upgrade_sql",
     "worker_events",
     "worker_job_attempts",
     "worker_job_checkpoints",

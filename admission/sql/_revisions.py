@@ -25,6 +25,8 @@ from typing import Final
 
 from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, inspect, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateTable, DropTable
+from sqlalchemy.sql.expression import Executable
 
 from admission.errors import InputError, SchemaRevisionError
 
@@ -40,6 +42,7 @@ __all__ = [
     "check_revision",
     "current_revision",
     "find_stamp",
+    "legacy_stamp_move",
     "move_legacy_stamp",
     "revision_id",
     "version_table_of",
@@ -193,14 +196,26 @@ def move_legacy_stamp(connection: Connection, stamp: Stamp) -> None:
     table goes too, being empty and admission's alone) and the revision it
     names lands in ``admission_alembic_version``.  Nothing else changes.
     """
+    for statement in legacy_stamp_move(stamp):
+        connection.execute(statement)
+
+
+def legacy_stamp_move(stamp: Stamp) -> list[Executable]:
+    """The statements :func:`move_legacy_stamp` runs, in order, for ``stamp``.
+
+    Given as statements so that ``admission db upgrade --sql`` prints the very
+    move the online upgrade makes.
+    """
     if stamp.place is not StampPlace.LEGACY:
         raise ValueError(f"not a legacy stamp: {stamp}")
     own = version_table_of(VERSION_TABLE)
     legacy = version_table_of(HOST_VERSION_TABLE)
-    own.create(connection)
-    connection.execute(own.insert().values(version_num=stamp.revision))
-    connection.execute(legacy.delete().where(legacy.c.version_num == stamp.stamped))
-    legacy.drop(connection)
+    return [
+        CreateTable(own),
+        own.insert().values(version_num=stamp.revision),
+        legacy.delete().where(legacy.c.version_num == stamp.stamped),
+        DropTable(legacy),
+    ]
 
 
 def revision_id(name: str) -> str:

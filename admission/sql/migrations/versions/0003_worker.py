@@ -126,7 +126,8 @@ def upgrade() -> None:
         sa.Column("updated_at", TIME, nullable=False),
         sa.PrimaryKeyConstraint("consumer", name="pk_outbox_cursors"),
     )
-    if op.get_bind().dialect.name == "postgresql":
+    # The context's dialect, not the bind's: offline (``--sql``) there is no bind.
+    if op.get_context().dialect.name == "postgresql":
         op.execute(POSTGRES_FENCE_FUNCTION)
         op.execute(POSTGRES_FENCE_TRIGGER)
     else:
