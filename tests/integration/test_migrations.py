@@ -151,3 +151,16 @@ def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
         "admission/py.typed",
     ):
         assert required in names, required
+
+
+@pytest.mark.parametrize("step", ["upgrade", "downgrade"])
+def test_an_unknown_target_revision_is_refused_as_input_and_changes_nothing(
+    step: str, sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    upgrade(engine, "0002")
+    with pytest.raises(InputError) as refused:
+        (upgrade if step == "upgrade" else downgrade)(engine, "nosuch")
+    assert refused.value.field == "revision" and "nosuch" in str(refused.value)
+    assert revision_of(engine) == "admission_0002"
+    engine.dispose()
