@@ -13,13 +13,15 @@ outside the scope, a record in the wrong state; for ``jobs``: an event that
 does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
 changed content under an accepted key); 10 ``request_id_ambiguous``; 11
 another worker owns the queue (file lock or lease) or this one was fenced; 5
-a storage failure; 73 the injected ``crash-after-write`` fault
+a storage failure; 7 ``db upgrade --adopt`` refused: the tables differ from
+revision ``0001``; 73 the injected ``crash-after-write`` fault
 (docs/worker.md).
 """
 
 from admission.cli._common import (
     EXIT_AMBIGUOUS,
     EXIT_CONFLICT,
+    EXIT_DRIFTED,
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_OK,
@@ -33,6 +35,7 @@ from admission.cli._parser import build_parser, main
 __all__ = [
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
+    "EXIT_DRIFTED",
     "EXIT_FAILED",
     "EXIT_INVALID",
     "EXIT_OK",

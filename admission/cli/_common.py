@@ -25,6 +25,7 @@ __all__ = [
     "ENV_DB",
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
+    "EXIT_DRIFTED",
     "EXIT_FAILED",
     "EXIT_INVALID",
     "EXIT_OK",
@@ -57,6 +58,8 @@ EXIT_REFUSED = 4
 that does not fit the run."""
 EXIT_STORAGE = 5
 """The database failed or is unavailable."""
+EXIT_DRIFTED = 7
+"""``db upgrade --adopt``: the tables differ from revision ``0001``; nothing was changed."""
 EXIT_CONFLICT = 9
 """``request_id_conflict``: the key names another intent; nothing was written."""
 EXIT_AMBIGUOUS = 10

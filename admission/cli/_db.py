@@ -1,10 +1,11 @@
-"""``admission db``: upgrade, check and downgrade the schema revision (alembic)."""
+"""``admission db``: upgrade, check and downgrade the schema revision (alembic), adopt unstamped tables."""
 
 from __future__ import annotations
 
 import argparse
 
 from admission.cli._common import (
+    EXIT_DRIFTED,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_SCHEMA,
@@ -13,7 +14,7 @@ from admission.cli._common import (
     print_error,
     print_json,
 )
-from admission.errors import SchemaRevisionError
+from admission.errors import SchemaDriftError, SchemaRevisionError
 
 __all__ = ["add_parser"]
 
@@ -21,11 +22,39 @@ __all__ = ["add_parser"]
 def _cmd_db_upgrade(args: argparse.Namespace) -> int:
     from admission.sql import create_admission_engine, masked_url, revision_of, upgrade
 
+    if args.adopt:
+        return _adopt(args)
     engine = create_admission_engine(db_url(args))
     before = revision_of(engine)
     after = upgrade(engine, args.revision)
     engine.dispose()
     print_json({"database": masked_url(db_url(args)), "from_revision": before, "revision": after})
+    return EXIT_OK
+
+
+def _adopt(args: argparse.Namespace) -> int:
+    from admission.sql import adopt, create_admission_engine, masked_url
+
+    engine = create_admission_engine(db_url(args))
+    database = masked_url(db_url(args))
+    try:
+        report = adopt(engine, args.revision)
+    except SchemaDriftError as exc:
+        # Every difference in the report, one per entry; the failure itself is one line.
+        print_json({"database": database, "compared_with": exc.compared_with, "differences": exc.differences})
+        print_error(exc)
+        return EXIT_DRIFTED
+    finally:
+        engine.dispose()
+    print_json(
+        {
+            "database": database,
+            "from_revision": None,
+            "adopted": report.adopted,
+            "tables": report.tables,
+            "revision": report.revision,
+        }
+    )
     return EXIT_OK
 
 
@@ -73,6 +102,12 @@ def add_parser(commands: Commands) -> None:
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
     db_upgrade.add_argument("--revision", default="head")
+    db_upgrade.add_argument(
+        "--adopt",
+        action="store_true",
+        help="adopt admission's tables that have no stamp: compare them with revision 0001, then "
+        "stamp and upgrade them in one transaction (exit 7, changing nothing, if they differ)",
+    )
     db_upgrade.set_defaults(handler=_cmd_db_upgrade)
     db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
     db_check.set_defaults(handler=_cmd_db_check)

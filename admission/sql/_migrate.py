@@ -65,7 +65,15 @@ def _connected(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> None:
+def _migrate(
+    engine: Engine,
+    config: Config,
+    step: Callable[[Config], None],
+    *,
+    adopt: Callable[[Connection], None] | None = None,
+) -> None:
+    # ``adopt`` (admission.sql._adopt) runs first in the migration's transaction,
+    # on admission's tables that have no stamp.
     with _connected(engine) as conn:
         stamp = find_stamp(conn)
         conn.rollback()  # end the read's implicit transaction before the migration's own
@@ -96,6 +104,8 @@ def _migrate(engine: Engine, config: Config, step: Callable[[Config], None]) -> 
                     conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
                 if stamp is not None and stamp.place is StampPlace.LEGACY:
                     move_legacy_stamp(conn, stamp)
+                if adopt is not None:
+                    adopt(conn)
                 config.attributes["connection"] = conn
                 step(config)
                 if sqlite:

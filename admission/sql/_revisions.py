@@ -27,6 +27,7 @@ from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, in
 from sqlalchemy.engine import Connection
 
 from admission.errors import InputError, SchemaRevisionError
+from admission.sql._schema import metadata
 
 __all__ = [
     "BRANCH_LABEL",
@@ -37,6 +38,7 @@ __all__ = [
     "VERSION_TABLE",
     "Stamp",
     "StampPlace",
+    "admission_tables_in",
     "check_revision",
     "current_revision",
     "find_stamp",
@@ -137,6 +139,11 @@ def find_stamp(connection: Connection) -> Stamp | None:
         # Earlier builds owned the default table alone: one row, one of their ids.
         return Stamp(LEGACY_REVISIONS[host_rows[0]], StampPlace.LEGACY, HOST_VERSION_TABLE, host_rows[0])
     return None
+
+
+def admission_tables_in(connection: Connection) -> tuple[str, ...]:
+    """The tables of any admission revision the database holds, version tables aside, sorted."""
+    return tuple(sorted(set(inspect(connection).get_table_names()) & set(metadata.tables)))
 
 
 def current_revision(connection: Connection) -> str | None:

@@ -79,6 +79,7 @@ def test_cli_face_is_pinned() -> None:
         [
             "EXIT_AMBIGUOUS",
             "EXIT_CONFLICT",
+            "EXIT_DRIFTED",
             "EXIT_FAILED",
             "EXIT_INVALID",
             "EXIT_OK",
@@ -98,6 +99,7 @@ def test_cli_face_is_pinned() -> None:
         4,
     ]
     assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
+    assert cli.EXIT_DRIFTED == 7
 
 
 def test_public_callables_and_classes_have_docstrings() -> None:
