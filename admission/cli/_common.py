@@ -33,6 +33,7 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
+    "EXIT_UNSTAMPED",
     "Commands",
     "UsageError",
     "arguments_from",
@@ -58,6 +59,8 @@ EXIT_REFUSED = 4
 that does not fit the run."""
 EXIT_STORAGE = 5
 """The database failed or is unavailable."""
+EXIT_UNSTAMPED = 6
+"""The database holds admission's tables but records no revision: ``db upgrade --adopt`` them."""
 EXIT_DRIFTED = 7
 """``db upgrade --adopt``: the tables differ from revision ``0001``; nothing was changed."""
 EXIT_CONFLICT = 9

@@ -9,12 +9,13 @@ from admission.cli._common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_SCHEMA,
+    EXIT_UNSTAMPED,
     Commands,
     db_url,
     print_error,
     print_json,
 )
-from admission.errors import SchemaDriftError, SchemaRevisionError
+from admission.errors import SchemaDriftError, SchemaRevisionError, UnstampedSchemaError
 
 __all__ = ["add_parser"]
 
@@ -88,7 +89,7 @@ def _cmd_db_check(args: argparse.Namespace) -> int:
         report["ok"] = False
         report["message"] = str(exc)
         print_json(report)
-        return EXIT_SCHEMA
+        return EXIT_UNSTAMPED if isinstance(exc, UnstampedSchemaError) else EXIT_SCHEMA
     finally:
         engine.dispose()
     report["ok"] = True
@@ -109,7 +110,10 @@ def add_parser(commands: Commands) -> None:
         "stamp and upgrade them in one transaction (exit 7, changing nothing, if they differ)",
     )
     db_upgrade.set_defaults(handler=_cmd_db_upgrade)
-    db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
+    db_check = db_commands.add_parser(
+        "check",
+        help="print the revision; exit 3 unless it is the head, 6 if admission's tables have no stamp",
+    )
     db_check.set_defaults(handler=_cmd_db_check)
     db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")
     db_downgrade.add_argument("revision", metavar="REVISION")

@@ -26,6 +26,7 @@ from admission.sql._revisions import (
     current_revision,
     find_stamp,
     move_legacy_stamp,
+    refuse_unstamped,
     revision_id,
 )
 
@@ -73,9 +74,11 @@ def _migrate(
     adopt: Callable[[Connection], None] | None = None,
 ) -> None:
     # ``adopt`` (admission.sql._adopt) runs first in the migration's transaction,
-    # on admission's tables that have no stamp.
+    # on admission's tables that have no stamp; without it they are refused.
     with _connected(engine) as conn:
         stamp = find_stamp(conn)
+        if stamp is None and adopt is None:
+            refuse_unstamped(conn)
         conn.rollback()  # end the read's implicit transaction before the migration's own
         if stamp is not None and stamp.revision not in KNOWN_REVISIONS:
             raise SchemaRevisionError(

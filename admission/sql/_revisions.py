@@ -15,6 +15,11 @@ Two other places are recognised, so that no database written before is lost:
   alembic environment (the recipe in ``alembic/``) keeps admission's head
   among its own heads, in its own version table.  admission finds it there by
   its ids, which no host revision can carry.
+
+A database may also hold admission's tables and no stamp anywhere: engines
+that never used alembic created the receipt tables themselves.  It is told
+apart from an empty one by admission's table names, and refused with the
+command that adopts it (``admission db upgrade --adopt``, in ``_adopt``).
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from typing import Final
 from sqlalchemy import Column, MetaData, PrimaryKeyConstraint, String, Table, inspect, select
 from sqlalchemy.engine import Connection
 
-from admission.errors import InputError, SchemaRevisionError
+from admission.errors import InputError, SchemaRevisionError, UnstampedSchemaError
 from admission.sql._schema import metadata
 
 __all__ = [
+    "ADOPT_COMMAND",
     "BRANCH_LABEL",
     "HEAD_REVISION",
     "HOST_VERSION_TABLE",
@@ -43,6 +49,7 @@ __all__ = [
     "current_revision",
     "find_stamp",
     "move_legacy_stamp",
+    "refuse_unstamped",
     "revision_id",
     "version_table_of",
 ]
@@ -64,6 +71,9 @@ HOST_VERSION_TABLE: Final = "alembic_version"
 
 LEGACY_REVISIONS: Final = {name.removeprefix("admission_"): name for name in KNOWN_REVISIONS}
 """The ids earlier builds stamped in ``alembic_version``, and what each is now."""
+
+ADOPT_COMMAND: Final = "admission db upgrade --adopt --db URL"
+"""The command that adopts admission's tables left without a stamp."""
 
 
 class StampPlace(enum.StrEnum):
@@ -146,6 +156,23 @@ def admission_tables_in(connection: Connection) -> tuple[str, ...]:
     return tuple(sorted(set(inspect(connection).get_table_names()) & set(metadata.tables)))
 
 
+def refuse_unstamped(connection: Connection) -> None:
+    """Raise :class:`UnstampedSchemaError` if admission's tables are there with no stamp.
+
+    Call it when :func:`find_stamp` found none: a database with none of
+    admission's tables is empty as far as admission is concerned (a version
+    table that a downgrade to ``base`` left empty included).
+    """
+    tables = admission_tables_in(connection)
+    if tables:
+        raise UnstampedSchemaError(
+            f"the database holds admission's tables ({', '.join(tables)}) but records no admission "
+            f"revision; if an older engine created them, run `{ADOPT_COMMAND}`, which compares them "
+            f"with revision {KNOWN_REVISIONS[0]} and stamps and upgrades them only if they match",
+            tables=tables,
+        )
+
+
 def current_revision(connection: Connection) -> str | None:
     """admission's schema revision in the database, or ``None`` if it has none."""
     stamp = find_stamp(connection)
@@ -156,11 +183,13 @@ def check_revision(connection: Connection) -> str:
     """Refuse to run against a schema revision other than the head (contract §6).
 
     Nothing upgrades at start-up: an older revision, or a stamp in the place
-    earlier builds used, names the upgrade command; a newer or unknown one is
-    refused as well.
+    earlier builds used, names the upgrade command; admission's tables with
+    no stamp name the adoption command (:class:`UnstampedSchemaError`); a
+    newer or unknown revision is refused as well.
     """
     stamp = find_stamp(connection)
     if stamp is None:
+        refuse_unstamped(connection)
         raise SchemaRevisionError(
             "the database has no admission schema; run `admission db upgrade --db URL`",
             revision=None,

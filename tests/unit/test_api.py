@@ -87,6 +87,7 @@ def test_cli_face_is_pinned() -> None:
             "EXIT_REFUSED",
             "EXIT_SCHEMA",
             "EXIT_STORAGE",
+            "EXIT_UNSTAMPED",
             "build_parser",
             "main",
         ]
@@ -99,7 +100,7 @@ def test_cli_face_is_pinned() -> None:
         4,
     ]
     assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
-    assert cli.EXIT_DRIFTED == 7
+    assert [cli.EXIT_UNSTAMPED, cli.EXIT_DRIFTED] == [6, 7]
 
 
 def test_public_callables_and_classes_have_docstrings() -> None:
