@@ -37,6 +37,7 @@ from admission.errors import (
     ReservedRequestIdError,
     RetryableJobError,
     RunStateError,
+    SchemaDriftError,
     SchemaRevisionError,
     ScopeMismatchError,
     StateError,
@@ -47,6 +48,7 @@ from admission.errors import (
     UnknownError,
     UnknownJobError,
     UnknownUpdateError,
+    UnstampedSchemaError,
     WorkerLockedError,
 )
 from admission.intent import (
@@ -111,6 +113,7 @@ __all__ = [
     "ReservedRequestIdError",
     "RetryableJobError",
     "RunStateError",
+    "SchemaDriftError",
     "SchemaRevisionError",
     "ScopeMismatchError",
     "SqlStore",
@@ -122,6 +125,7 @@ __all__ = [
     "UnknownError",
     "UnknownJobError",
     "UnknownUpdateError",
+    "UnstampedSchemaError",
     "Value",
     "WorkerLockedError",
     "__version__",

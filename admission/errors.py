@@ -23,6 +23,8 @@ catch a kind without naming every subsystem's error::
     │   └── FencedError ── JobFencedError
     ├── StorageError           the database failed or refused (retryable)
     ├── SchemaRevisionError    the database is not at the revision this version reads
+    │   ├── UnstampedSchemaError   admission's tables with no revision recorded: adopt them
+    │   └── SchemaDriftError       adoption refused: the tables differ from the revision compared
     ├── TargetError            raised by a worker target adapter
     │   └── BeforeWriteError, TargetTimeoutError
     └── RetryableJobError      raised by a job step: the failure is transient
@@ -59,6 +61,7 @@ __all__ = [
     "ReservedRequestIdError",
     "RetryableJobError",
     "RunStateError",
+    "SchemaDriftError",
     "SchemaRevisionError",
     "ScopeMismatchError",
     "StateError",
@@ -69,6 +72,7 @@ __all__ = [
     "UnknownError",
     "UnknownJobError",
     "UnknownUpdateError",
+    "UnstampedSchemaError",
     "WorkerLockedError",
 ]
 
@@ -442,6 +446,39 @@ class SchemaRevisionError(AdmissionError, RuntimeError):
     def __init__(self, message: str, *, revision: str | None) -> None:
         super().__init__(message)
         self.revision = revision
+
+
+class UnstampedSchemaError(SchemaRevisionError):
+    """The database holds admission's tables but records no admission revision.
+
+    An older engine that never used alembic leaves its tables so.  Nothing
+    can tell their revision but their shape: ``admission db upgrade --adopt``
+    compares them with revision ``0001`` and, on an exact match, stamps and
+    upgrades them (docs/upgrading.md).  ``tables`` names the tables found.
+    """
+
+    code: ClassVar[str] = "schema_unstamped"
+
+    def __init__(self, message: str, *, tables: tuple[str, ...]) -> None:
+        super().__init__(message, revision=None)
+        self.tables = tuple(tables)
+
+
+class SchemaDriftError(SchemaRevisionError):
+    """Adoption was refused: the tables differ from the revision they were compared with.
+
+    ``compared_with`` is that revision; ``differences`` lists every
+    difference, one readable line each (``workflow_runs: column id: type
+    VARCHAR(64), revision 0001 has VARCHAR(36)``).  Nothing was
+    changed.
+    """
+
+    code: ClassVar[str] = "schema_drift"
+
+    def __init__(self, message: str, *, compared_with: str, differences: tuple[str, ...]) -> None:
+        super().__init__(message, revision=None)
+        self.compared_with = compared_with
+        self.differences = tuple(differences)
 
 
 class TargetError(AdmissionError):

@@ -13,13 +13,16 @@ outside the scope, a record in the wrong state; for ``jobs``: an event that
 does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
 changed content under an accepted key); 10 ``request_id_ambiguous``; 11
 another worker owns the queue (file lock or lease) or this one was fenced; 5
-a storage failure; 73 the injected ``crash-after-write`` fault
-(docs/worker.md).
+a storage failure; 6 the database holds admission's tables but records no
+revision (``db upgrade --adopt`` adopts them); 7 ``db upgrade --adopt``
+refused: the tables differ from revision ``0001``; 73 the injected
+``crash-after-write`` fault (docs/worker.md).
 """
 
 from admission.cli._common import (
     EXIT_AMBIGUOUS,
     EXIT_CONFLICT,
+    EXIT_DRIFTED,
     EXIT_FAILED,
     EXIT_INVALID,
     EXIT_OK,
@@ -27,12 +30,14 @@ from admission.cli._common import (
     EXIT_REFUSED,
     EXIT_SCHEMA,
     EXIT_STORAGE,
+    EXIT_UNSTAMPED,
 )
 from admission.cli._parser import build_parser, main
 
 __all__ = [
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
+    "EXIT_DRIFTED",
     "EXIT_FAILED",
     "EXIT_INVALID",
     "EXIT_OK",
@@ -40,6 +45,7 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
+    "EXIT_UNSTAMPED",
     "build_parser",
     "main",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "ENV_SCHEMA",
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
+    "EXIT_DRIFTED",
     "EXIT_FAILED",
     "EXIT_INVALID",
     "EXIT_OK",
@@ -33,6 +34,7 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
+    "EXIT_UNSTAMPED",
     "Commands",
     "UsageError",
     "arguments_from",
@@ -59,6 +61,10 @@ EXIT_REFUSED = 4
 that does not fit the run."""
 EXIT_STORAGE = 5
 """The database failed or is unavailable."""
+EXIT_UNSTAMPED = 6
+"""The database holds admission's tables but records no revision: ``db upgrade --adopt`` them."""
+EXIT_DRIFTED = 7
+"""``db upgrade --adopt``: the tables differ from revision ``0001``; nothing was changed."""
 EXIT_CONFLICT = 9
 """``request_id_conflict``: the key names another intent; nothing was written."""
 EXIT_AMBIGUOUS = 10

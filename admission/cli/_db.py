@@ -1,20 +1,22 @@
-"""``admission db``: upgrade, check and downgrade the schema revision (alembic)."""
+"""``admission db``: upgrade, check and downgrade the schema revision (alembic), adopt unstamped tables."""
 
 from __future__ import annotations
 
 import argparse
 
 from admission.cli._common import (
+    EXIT_DRIFTED,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_SCHEMA,
+    EXIT_UNSTAMPED,
     Commands,
     db_url,
     engine_options,
     print_error,
     print_json,
 )
-from admission.errors import SchemaRevisionError
+from admission.errors import SchemaDriftError, SchemaRevisionError, UnstampedSchemaError
 
 __all__ = ["add_parser"]
 
@@ -24,6 +26,8 @@ def _cmd_db_upgrade(args: argparse.Namespace) -> int:
 
     if args.sql:
         return _print_upgrade_sql(args)
+    if args.adopt:
+        return _adopt(args)
     engine = create_admission_engine(db_url(args), **engine_options(args))
     before = revision_of(engine)
     after = upgrade(engine, args.revision)
@@ -41,6 +45,32 @@ def _print_upgrade_sql(args: argparse.Namespace) -> int:
         print(upgrade_sql(engine, args.revision), end="")
     finally:
         engine.dispose()
+    return EXIT_OK
+
+
+def _adopt(args: argparse.Namespace) -> int:
+    from admission.sql import adopt, create_admission_engine, masked_url
+
+    engine = create_admission_engine(db_url(args), **engine_options(args))
+    database = masked_url(db_url(args))
+    try:
+        report = adopt(engine, args.revision)
+    except SchemaDriftError as exc:
+        # Every difference in the report, one per entry; the failure itself is one line.
+        print_json({"database": database, "compared_with": exc.compared_with, "differences": exc.differences})
+        print_error(exc)
+        return EXIT_DRIFTED
+    finally:
+        engine.dispose()
+    print_json(
+        {
+            "database": database,
+            "from_revision": None,
+            "adopted": report.adopted,
+            "tables": report.tables,
+            "revision": report.revision,
+        }
+    )
     return EXIT_OK
 
 
@@ -74,7 +104,7 @@ def _cmd_db_check(args: argparse.Namespace) -> int:
         report["ok"] = False
         report["message"] = str(exc)
         print_json(report)
-        return EXIT_SCHEMA
+        return EXIT_UNSTAMPED if isinstance(exc, UnstampedSchemaError) else EXIT_SCHEMA
     finally:
         engine.dispose()
     report["ok"] = True
@@ -88,13 +118,24 @@ def add_parser(commands: Commands) -> None:
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
     db_upgrade.add_argument("--revision", default="head")
-    db_upgrade.add_argument(
+    # Printing the SQL and adopting are two different runs: one at a time.
+    how = db_upgrade.add_mutually_exclusive_group()
+    how.add_argument(
         "--sql",
         action="store_true",
         help="print the SQL the upgrade would run, from the database's revision, and change nothing",
     )
+    how.add_argument(
+        "--adopt",
+        action="store_true",
+        help="adopt admission's tables that have no stamp: compare them with revision 0001, then "
+        "stamp and upgrade them in one transaction (exit 7, changing nothing, if they differ)",
+    )
     db_upgrade.set_defaults(handler=_cmd_db_upgrade)
-    db_check = db_commands.add_parser("check", help="print the revision; exit 3 unless it is the head")
+    db_check = db_commands.add_parser(
+        "check",
+        help="print the revision; exit 3 unless it is the head, 6 if admission's tables have no stamp",
+    )
     db_check.set_defaults(handler=_cmd_db_check)
     db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")
     db_downgrade.add_argument("revision", metavar="REVISION")

@@ -21,6 +21,7 @@ from admission.cli._common import (
     EXIT_REFUSED,
     EXIT_SCHEMA,
     EXIT_STORAGE,
+    EXIT_UNSTAMPED,
     Commands,
     UsageError,
     print_error,
@@ -36,6 +37,7 @@ from admission.errors import (
     SchemaRevisionError,
     ScopeMismatchError,
     StorageError,
+    UnstampedSchemaError,
     WorkerLockedError,
 )
 
@@ -100,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print_error(exc)
         return EXIT_INVALID
+    except UnstampedSchemaError as exc:
+        print_error(exc)
+        return EXIT_UNSTAMPED
     except SchemaRevisionError as exc:
         print_error(exc)
         return EXIT_SCHEMA

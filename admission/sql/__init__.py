@@ -3,8 +3,13 @@
 The only subpackage that names a dialect.  SQLite is the embedded default;
 PostgreSQL is the server.  Driver errors become admission errors at one
 boundary, keeping the cause.
+
+Migrations: ``upgrade`` and ``downgrade`` move a stamped database between
+revisions; ``adopt`` takes on admission's tables that an older engine left
+with no stamp, after comparing them with revision ``0001`` (docs/upgrading.md).
 """
 
+from admission.sql._adopt import ADOPTED_REVISION, AdoptionReport, adopt
 from admission.sql._connections import REPLAN_AFTER, WRITE_CONNECTIONS
 from admission.sql._engine import (
     DEFAULT_URL,
@@ -57,6 +62,7 @@ from admission.sql._worker import SqlWorkerStore
 
 __all__ = [
     "ADMISSION_TABLES",
+    "ADOPTED_REVISION",
     "BRANCH_LABEL",
     "DEFAULT_URL",
     "HEAD_REVISION",
@@ -65,6 +71,7 @@ __all__ = [
     "SQLITE_BUSY_TIMEOUT_MS",
     "VERSION_TABLE",
     "WRITE_CONNECTIONS",
+    "AdoptionReport",
     "BulkInsert",
     "BulkStatement",
     "RawStatement",
@@ -73,6 +80,7 @@ __all__ = [
     "SqlWorkerStore",
     "Stamp",
     "StampPlace",
+    "adopt",
     "alembic_config",
     "as_utc",
     "check_revision",

@@ -23,6 +23,7 @@ from admission.sql._revisions import (
     VERSION_TABLE,
     StampPlace,
     find_stamp,
+    refuse_unstamped,
     version_table_of,
 )
 from admission.sql._schema import metadata
@@ -52,11 +53,18 @@ def prepare_host_database(connection: Connection, version_table: str = HOST_VERS
     before ``context.run_migrations()``.  A stamp in
     ``admission_alembic_version`` moves to ``version_table`` (and the own
     table goes); an earlier build's id (``0004``) in ``version_table`` is
-    rewritten as today's (``admission_0004``).  Anything else is left alone,
-    so the call is cheap to repeat.
+    rewritten as today's (``admission_0004``).  admission's tables with no
+    stamp at all are refused (:class:`~admission.errors.UnstampedSchemaError`:
+    adopt them first with ``admission db upgrade --adopt``).  Anything else
+    is left alone, so the call is cheap to repeat.
     """
     stamp = find_stamp(connection)
-    if stamp is None or stamp.place is StampPlace.HOST:
+    if stamp is None:
+        # Tables an older engine left with no stamp would make the host's
+        # upgrade create them again: they are adopted first, by admission.
+        refuse_unstamped(connection)
+        return
+    if stamp.place is StampPlace.HOST:
         return
     if version_table != HOST_VERSION_TABLE and stamp.place is StampPlace.LEGACY:
         raise SchemaRevisionError(

@@ -31,6 +31,7 @@ from admission.sql._revisions import (
     find_stamp,
     legacy_stamp_move,
     move_legacy_stamp,
+    refuse_unstamped,
     revision_id,
 )
 
@@ -70,13 +71,16 @@ def _connected(engine: Engine) -> Iterator[Connection]:
         yield conn
 
 
-def _migratable_stamp(conn: Connection, target: str | None = None) -> Stamp | None:
+def _migratable_stamp(conn: Connection, target: str | None = None, *, adopting: bool = False) -> Stamp | None:
     """The database's stamp, refused unless admission's own commands may migrate from it.
 
     A stamp among a host's heads passes only when it is at ``target`` already:
-    there is nothing for admission to do then.
+    there is nothing for admission to do then.  admission's tables without a
+    stamp are refused unless they are being adopted.
     """
     stamp = find_stamp(conn)
+    if stamp is None and not adopting:
+        refuse_unstamped(conn)
     conn.rollback()  # end the read's implicit transaction before the migration's own
     if stamp is not None and stamp.revision not in KNOWN_REVISIONS:
         raise SchemaRevisionError(
@@ -97,9 +101,18 @@ def _migratable_stamp(conn: Connection, target: str | None = None) -> Stamp | No
     return stamp
 
 
-def _migrate(engine: Engine, config: Config, step: Callable[[Config], None], target: str) -> None:
+def _migrate(
+    engine: Engine,
+    config: Config,
+    step: Callable[[Config], None],
+    target: str,
+    *,
+    adopt: Callable[[Connection], None] | None = None,
+) -> None:
+    # ``adopt`` (admission.sql._adopt) runs first in the migration's transaction,
+    # on admission's tables that have no stamp; without it they are refused.
     with _connected(engine) as conn:
-        stamp = _migratable_stamp(conn, target)
+        stamp = _migratable_stamp(conn, target, adopting=adopt is not None)
         if stamp is not None and stamp.place is StampPlace.HOST:
             return  # at the target already, in the host's table: nothing to do
         schema = schema_of(engine)
@@ -115,6 +128,8 @@ def _migrate(engine: Engine, config: Config, step: Callable[[Config], None], tar
                     conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
                 if stamp is not None and stamp.place is StampPlace.LEGACY:
                     move_legacy_stamp(conn, stamp)
+                if adopt is not None:
+                    adopt(conn)
                 config.attributes["connection"] = conn
                 step(config)
                 if sqlite:

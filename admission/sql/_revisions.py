@@ -15,6 +15,11 @@ Two other places are recognised, so that no database written before is lost:
   alembic environment (the recipe in ``alembic/``) keeps admission's head
   among its own heads, in its own version table.  admission finds it there by
   its ids, which no host revision can carry.
+
+A database may also hold admission's tables and no stamp anywhere: engines
+that never used alembic created the receipt tables themselves.  It is told
+apart from an empty one by admission's table names, and refused with the
+command that adopts it (``admission db upgrade --adopt``, in ``_adopt``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.schema import CreateTable, DropTable
 from sqlalchemy.sql.expression import Executable
 
-from admission.errors import InputError, SchemaRevisionError
+from admission.errors import InputError, SchemaRevisionError, UnstampedSchemaError
+from admission.sql._schema import metadata
 
 __all__ = [
+    "ADOPT_COMMAND",
     "BRANCH_LABEL",
     "HEAD_REVISION",
     "HOST_VERSION_TABLE",
@@ -39,11 +46,13 @@ __all__ = [
     "VERSION_TABLE",
     "Stamp",
     "StampPlace",
+    "admission_tables_in",
     "check_revision",
     "current_revision",
     "find_stamp",
     "legacy_stamp_move",
     "move_legacy_stamp",
+    "refuse_unstamped",
     "revision_id",
     "version_table_of",
 ]
@@ -65,6 +74,9 @@ HOST_VERSION_TABLE: Final = "alembic_version"
 
 LEGACY_REVISIONS: Final = {name.removeprefix("admission_"): name for name in KNOWN_REVISIONS}
 """The ids earlier builds stamped in ``alembic_version``, and what each is now."""
+
+ADOPT_COMMAND: Final = "admission db upgrade --adopt --db URL"
+"""The command that adopts admission's tables left without a stamp."""
 
 
 class StampPlace(enum.StrEnum):
@@ -142,6 +154,28 @@ def find_stamp(connection: Connection) -> Stamp | None:
     return None
 
 
+def admission_tables_in(connection: Connection) -> tuple[str, ...]:
+    """The tables of any admission revision the database holds, version tables aside, sorted."""
+    return tuple(sorted(set(inspect(connection).get_table_names()) & set(metadata.tables)))
+
+
+def refuse_unstamped(connection: Connection) -> None:
+    """Raise :class:`UnstampedSchemaError` if admission's tables are there with no stamp.
+
+    Call it when :func:`find_stamp` found none: a database with none of
+    admission's tables is empty as far as admission is concerned (a version
+    table that a downgrade to ``base`` left empty included).
+    """
+    tables = admission_tables_in(connection)
+    if tables:
+        raise UnstampedSchemaError(
+            f"the database holds admission's tables ({', '.join(tables)}) but records no admission "
+            f"revision; if an older engine created them, run `{ADOPT_COMMAND}`, which compares them "
+            f"with revision {KNOWN_REVISIONS[0]} and stamps and upgrades them only if they match",
+            tables=tables,
+        )
+
+
 def current_revision(connection: Connection) -> str | None:
     """admission's schema revision in the database, or ``None`` if it has none."""
     stamp = find_stamp(connection)
@@ -152,11 +186,13 @@ def check_revision(connection: Connection) -> str:
     """Refuse to run against a schema revision other than the head (contract §6).
 
     Nothing upgrades at start-up: an older revision, or a stamp in the place
-    earlier builds used, names the upgrade command; a newer or unknown one is
-    refused as well.
+    earlier builds used, names the upgrade command; admission's tables with
+    no stamp name the adoption command (:class:`UnstampedSchemaError`); a
+    newer or unknown revision is refused as well.
     """
     stamp = find_stamp(connection)
     if stamp is None:
+        refuse_unstamped(connection)
         raise SchemaRevisionError(
             "the database has no admission schema; run `admission db upgrade --db URL`",
             revision=None,

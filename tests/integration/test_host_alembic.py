@@ -260,3 +260,19 @@ def test_a_schema_on_sqlite_is_refused(tmp_path: Path) -> None:
     result = admission(f"sqlite:///{tmp_path / 'x.sqlite3'}", "--schema", "tenant_a", "db", "upgrade")
     assert result.returncode == 2 and "PostgreSQL only" in result.stderr
     assert not (tmp_path / "x.sqlite3").exists()
+
+
+def test_tables_with_no_stamp_are_refused_by_the_host_until_adopted(url: str) -> None:
+    build_legacy_database(url, stamp="none")
+    engine = create_admission_engine(url)
+    try:
+        before = snapshot(engine)
+        refused = alembic(url, "upgrade", "heads")
+        assert refused.returncode != 0 and "admission db upgrade --adopt" in refused.stderr
+        assert diff_snapshots(before, snapshot(engine)) == []
+        assert admission(url, "db", "upgrade", "--adopt").returncode == 0
+        result = alembic(url, "upgrade", "heads")
+        assert result.returncode == 0, result.stderr
+        assert heads(engine) == {HOST_REVISION, HEAD_REVISION}
+    finally:
+        engine.dispose()

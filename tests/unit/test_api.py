@@ -41,6 +41,7 @@ def test_public_api_is_pinned() -> None:
             "ReservedRequestIdError",
             "RetryableJobError",
             "RunStateError",
+            "SchemaDriftError",
             "SchemaRevisionError",
             "ScopeMismatchError",
             "SqlStore",
@@ -52,6 +53,7 @@ def test_public_api_is_pinned() -> None:
             "UnknownError",
             "UnknownJobError",
             "UnknownUpdateError",
+            "UnstampedSchemaError",
             "Value",
             "WorkerLockedError",
             "__version__",
@@ -77,6 +79,7 @@ def test_cli_face_is_pinned() -> None:
         [
             "EXIT_AMBIGUOUS",
             "EXIT_CONFLICT",
+            "EXIT_DRIFTED",
             "EXIT_FAILED",
             "EXIT_INVALID",
             "EXIT_OK",
@@ -84,6 +87,7 @@ def test_cli_face_is_pinned() -> None:
             "EXIT_REFUSED",
             "EXIT_SCHEMA",
             "EXIT_STORAGE",
+            "EXIT_UNSTAMPED",
             "build_parser",
             "main",
         ]
@@ -96,6 +100,7 @@ def test_cli_face_is_pinned() -> None:
         4,
     ]
     assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
+    assert [cli.EXIT_UNSTAMPED, cli.EXIT_DRIFTED] == [6, 7]
 
 
 def test_public_callables_and_classes_have_docstrings() -> None:
