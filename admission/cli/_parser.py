@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Final
 
 from admission import __version__
 from admission.cli import _db, _intent, _jobs, _receipts, _serve, _worker
@@ -38,7 +39,10 @@ from admission.errors import (
     WorkerLockedError,
 )
 
-__all__ = ["build_parser", "main"]
+__all__ = ["WITHOUT_DATABASE", "build_parser", "leaf_commands", "main"]
+
+WITHOUT_DATABASE: Final = frozenset({("intent",), ("vectors", "verify")})
+"""The commands that need no database; every other command takes ``--db`` before or after its name."""
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -66,7 +70,9 @@ def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"admission {__version__}")
     parser.add_argument(
-        "--db", help=f"database URL (default: ${ENV_DB}, else an embedded SQLite file admission.sqlite3)"
+        "--db",
+        help=f"database URL (default: ${ENV_DB}, else an embedded SQLite file admission.sqlite3); "
+        "also accepted after the command",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -78,7 +84,31 @@ def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
     _demo_parser(commands)
     _worker.add_parser(commands, with_commands=worker_commands)
     _jobs.add_parser(commands)
+    # Added here, once, rather than by each group: a command added later
+    # cannot forget it, and ``--db`` means the same wherever it is written.
+    for path, command in leaf_commands(parser):
+        if path not in WITHOUT_DATABASE and "--db" not in command._option_string_actions:
+            command.add_argument(
+                "--db",
+                # SUPPRESS: unless given here, the URL given before the command
+                # (or none) stays; argparse would otherwise overwrite it.
+                default=argparse.SUPPRESS,
+                help="database URL, as the --db before the command (this one wins if both are given)",
+            )
     return parser
+
+
+def leaf_commands(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command ``parser`` runs, as (its words, its parser): ``(("db", "check"), ...)``."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        yield path, parser
+        return
+    for group in groups:
+        for name, command in group.choices.items():
+            yield from leaf_commands(command, (*path, name))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -170,7 +170,6 @@ def add_parser(commands: Commands, *, with_commands: bool = True) -> None:
 
     def common(name: str, help_text: str, *, target: bool = False) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text)
-        parser.add_argument("--db", default=argparse.SUPPRESS, help="database URL (as the global --db)")
         parser.add_argument("--scope", required=True, metavar="FILE", help="the scope, a JSON object")
         parser.add_argument("--queue", default="default", help="the queue name (default: default)")
         parser.add_argument("--lock", metavar="FILE", help="the lock file (default: next to a SQLite db)")
