@@ -13,7 +13,7 @@ from admission.cli._common import (
     print_error,
     print_json,
 )
-from admission.errors import SchemaRevisionError
+from admission.errors import AdmissionError, SchemaRevisionError
 
 __all__ = ["add_parser"]
 
@@ -36,6 +36,8 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
     before = revision_of(engine)
     try:
         after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
+    except AdmissionError:
+        raise  # a storage or schema error is one too, and keeps its own exit code (5, 3)
     except RuntimeError as exc:
         print_error(exc)
         return EXIT_REFUSED
