@@ -378,6 +378,8 @@ def current_revision(connection: Connection) -> str | None:
     if not inspect(connection).has_table("alembic_version"):
         return None
     rows = connection.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if not rows:
+        return None  # what alembic leaves after a downgrade to base: no schema, as before the first upgrade
     if len(rows) != 1:
         raise SchemaRevisionError(
             f"alembic_version holds {len(rows)} rows; expected exactly one", revision=None
