@@ -59,12 +59,19 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
 
 
 def _target(args: argparse.Namespace) -> Target:
+    import sqlite3
+
+    from admission.errors import StorageError
     from admission.testing import FaultyTarget
     from admission.worker import SqliteTarget
 
     if args.target is None:
         raise UsageError("--target", "is required")
-    target: Target = SqliteTarget(args.target)
+    try:
+        target: Target = SqliteTarget(args.target)
+    except (sqlite3.Error, OSError) as exc:
+        # A database that cannot be opened, as for --db: a storage failure (5), before any send.
+        raise StorageError(f"the target {args.target} cannot be opened: {exc}") from exc
     if args.fault is not None:
         target = FaultyTarget(target, args.fault)
     return target
@@ -127,7 +134,10 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
 def _cmd_worker_status(args: argparse.Namespace) -> int:
     worker = _worker(args)
     if args.export:
-        worker.export_status(args.export)
+        try:
+            worker.export_status(args.export)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            raise UsageError("--export", f"cannot write {args.export}: {exc.strerror}") from None
     print_json(worker.status())
     return EXIT_OK
 
