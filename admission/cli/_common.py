@@ -129,6 +129,8 @@ def json_file(path: str | None, field: str) -> object:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(field, f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(field, f"{path} is not UTF-8 text (byte {exc.start})") from None
     return parse_json_value(text, field)
 
 
