@@ -13,17 +13,22 @@ outside the scope, a record in the wrong state; for ``jobs``: an event that
 does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
 changed content under an accepted key); 10 ``request_id_ambiguous``; 11
 another worker owns the queue (file lock or lease) or this one was fenced; 5
-a storage failure; 73 the injected ``crash-after-write`` fault
-(docs/worker.md).
+a storage failure; 70 an error admission did not foresee (a bug, named on
+one line); 73 the injected ``crash-after-write`` fault (docs/worker.md); 130
+interrupted; 141 standard output closed early (nothing on stderr).  No
+failure prints a traceback (docs/cli.md).
 """
 
 from admission.cli._common import (
     EXIT_AMBIGUOUS,
     EXIT_CONFLICT,
     EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
     EXIT_OWNED,
+    EXIT_PIPE,
     EXIT_REFUSED,
     EXIT_SCHEMA,
     EXIT_STORAGE,
@@ -34,9 +39,12 @@ __all__ = [
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
     "EXIT_FAILED",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_OWNED",
+    "EXIT_PIPE",
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
