@@ -61,6 +61,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    if not 1 <= args.workers <= 64:
+        raise UsageError("--workers", "must be 1 to 64")
     # _demo imports SQLAlchemy at its top: loaded only when the demo runs.
     from admission.cli._demo import run_demo
 
