@@ -59,6 +59,8 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
 
 
 def _target(args: argparse.Namespace) -> Target:
+    # Called before _worker: building the worker pins its queue in the
+    # database, and a target that cannot be opened must leave nothing written.
     import sqlite3
 
     from admission.errors import StorageError
@@ -92,7 +94,7 @@ def _cycle_json(report: object) -> dict[str, object]:
 
 
 def _cmd_worker_once(args: argparse.Namespace) -> int:
-    worker, target = _worker(args), _target(args)
+    target, worker = _target(args), _worker(args)
     print_json(_cycle_json(worker.run_once(target)))
     return EXIT_OK
 
@@ -101,7 +103,7 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    worker, target = _worker(args), _target(args)
+    target, worker = _target(args), _worker(args)
     stop: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -156,7 +158,7 @@ def _cmd_worker_observe(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker_poll_status(args: argparse.Namespace) -> int:
-    worker, target = _worker(args), _target(args)
+    target, worker = _target(args), _worker(args)
     print_json(_cycle_json(worker.poll_status(target, args.poll_limit)))
     return EXIT_OK
 
