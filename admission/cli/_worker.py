@@ -10,9 +10,11 @@ import argparse
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from admission.cli._common import EXIT_CONFLICT, EXIT_OK, Commands, UsageError, db_url, json_file, print_json
+from admission.errors import StorageError
 
 if TYPE_CHECKING:
     from admission.worker import DurableWorker, Target
@@ -36,6 +38,21 @@ def _stop_hook() -> Callable[[str], None] | None:
     return pause_at(point, os.environ.get(ENV_STOP_MARKER) or None)
 
 
+def _file_path(value: str | None, option: str) -> str | None:
+    # Checked before the worker is built, because building it pins its queue
+    # in the database: a --lock or --export where no file can be made is
+    # refused with nothing written.  (What is left, such as a folder without
+    # write permission, is refused when the file is written.)
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(option, f"{path} is a directory")
+    if not path.parent.is_dir():
+        raise UsageError(option, f"there is no folder {path.parent}")
+    return value
+
+
 def _worker(args: argparse.Namespace) -> DurableWorker:
     # Every worker command builds its worker here and nowhere else, so that
     # the storage behind the commands can change in this one function.
@@ -50,7 +67,7 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
         store,
         scope,
         queue=args.queue,
-        lock_path=args.lock,
+        lock_path=_file_path(args.lock, "--lock"),
         hook=_stop_hook(),
         lease_ttl=args.lease_ttl,
         claim_wait=args.wait,
@@ -63,7 +80,6 @@ def _target(args: argparse.Namespace) -> Target:
     # database, and a target that cannot be opened must leave nothing written.
     import sqlite3
 
-    from admission.errors import StorageError
     from admission.testing import FaultyTarget
     from admission.worker import SqliteTarget
 
@@ -134,6 +150,7 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker_status(args: argparse.Namespace) -> int:
+    _file_path(args.export, "--export")
     worker = _worker(args)
     if args.export:
         try:
