@@ -147,6 +147,9 @@ CASES: dict[str, Case] = {
     "--target not SQLite": Case(["worker", "once", *WORKER, "--target", "{not_sqlite}"], 5),
     "--target a directory": Case(["worker", "once", *WORKER, "--target", "{dir}"], 5),
     "--lock a directory": Case(["worker", "once", *WORKER, "--target", "{target}", "--lock", "{dir}"], 2),
+    "--lock in a missing folder": Case(
+        ["worker", "start", *WORKER, "--target", "{target}", "--lock", "{dir}/missing/x.lock"], 2
+    ),
     "--export into a missing folder": Case(
         ["worker", "status", *WORKER, "--export", "{dir}/missing/x.json"], 2
     ),
