@@ -15,8 +15,11 @@ changed content under an accepted key); 10 ``request_id_ambiguous``; 11
 another worker owns the queue (file lock or lease) or this one was fenced; 5
 a storage failure; 6 the database holds admission's tables but records no
 revision (``db upgrade --adopt`` adopts them); 7 ``db upgrade --adopt``
-refused: the tables differ from revision ``0001``; 73 the injected
-``crash-after-write`` fault (docs/worker.md).
+refused: the tables differ from revision ``0001``; 70 an error admission did
+not foresee (a bug, named on one line); 73 the injected
+``crash-after-write`` fault (docs/worker.md); 130 interrupted; 141 standard
+output closed early (nothing on stderr).  No failure prints a traceback
+(docs/cli.md).
 """
 
 from admission.cli._common import (
@@ -24,9 +27,12 @@ from admission.cli._common import (
     EXIT_CONFLICT,
     EXIT_DRIFTED,
     EXIT_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
     EXIT_INVALID,
     EXIT_OK,
     EXIT_OWNED,
+    EXIT_PIPE,
     EXIT_REFUSED,
     EXIT_SCHEMA,
     EXIT_STORAGE,
@@ -39,9 +45,12 @@ __all__ = [
     "EXIT_CONFLICT",
     "EXIT_DRIFTED",
     "EXIT_FAILED",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_OWNED",
+    "EXIT_PIPE",
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -28,9 +29,12 @@ __all__ = [
     "EXIT_CONFLICT",
     "EXIT_DRIFTED",
     "EXIT_FAILED",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
     "EXIT_INVALID",
     "EXIT_OK",
     "EXIT_OWNED",
+    "EXIT_PIPE",
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
@@ -41,6 +45,7 @@ __all__ = [
     "db_url",
     "engine_options",
     "json_file",
+    "mask_secrets",
     "open_service",
     "print_error",
     "print_json",
@@ -72,6 +77,14 @@ EXIT_AMBIGUOUS = 10
 
 EXIT_OWNED = 11
 """``worker``: another worker holds the queue's file lock or live lease, or this worker was fenced."""
+
+EXIT_INTERNAL = 70
+"""An error admission did not foresee (a bug): one line naming it, never a traceback (``EX_SOFTWARE``)."""
+EXIT_INTERRUPTED = 130
+"""Interrupted (SIGINT, Ctrl-C) before the command finished: 128 + SIGINT, as a shell reports it."""
+EXIT_PIPE = 141
+"""Standard output was closed before everything was written (``| head``): nothing on stderr; 128 +
+SIGPIPE, as a shell reports a program that a closed pipe ended.  What the command wrote stays written."""
 
 ENV_DB = "ADMISSION_DB"
 """The database URL when ``--db`` is not given."""
@@ -124,12 +137,23 @@ def print_json(payload: object) -> None:
     print(json.dumps(payload, indent=2, ensure_ascii=False))
 
 
-def print_error(exc: BaseException) -> None:
-    """Print ``exc`` as one line on stderr, ``admission: <message>``."""
+_URL_PASSWORD = re.compile(r"(?P<keep>[A-Za-z][\w+.-]*://[^\s:/@]*:)[^\s@]*@")
+_QUERY_PASSWORD = re.compile(r"(?P<keep>[?&][^\s=&]*password=)[^\s&]*", re.IGNORECASE)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every URL in it as ``***`` (``user:***@``, ``?password=***``)."""
+    # Messages never quote a URL on purpose (masked_url is for that), but a
+    # driver's or argparse's may echo what it was given: mask on the way out.
+    return _QUERY_PASSWORD.sub(r"\g<keep>***", _URL_PASSWORD.sub(r"\g<keep>***@", text))
+
+
+def print_error(exc: BaseException | str) -> None:
+    """Print ``exc`` as one line on stderr, ``admission: <message>``, with URL passwords masked."""
     # A driver's message can span lines (psycopg adds a hint on a second
     # line); one failure stays one line, so a script can read it as one.
     message = " ".join(line.strip() for line in str(exc).splitlines())
-    print(f"admission: {message}", file=sys.stderr)
+    print(f"admission: {mask_secrets(message)}", file=sys.stderr)
 
 
 def json_file(path: str | None, field: str) -> object:
@@ -140,6 +164,8 @@ def json_file(path: str | None, field: str) -> object:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise UsageError(field, f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(field, f"{path} is not UTF-8 text (byte {exc.start})") from None
     return parse_json_value(text, field)
 
 

@@ -16,7 +16,7 @@ from admission.cli._common import (
     print_error,
     print_json,
 )
-from admission.errors import SchemaDriftError, SchemaRevisionError, UnstampedSchemaError
+from admission.errors import AdmissionError, SchemaDriftError, SchemaRevisionError, UnstampedSchemaError
 
 __all__ = ["add_parser"]
 
@@ -81,6 +81,8 @@ def _cmd_db_downgrade(args: argparse.Namespace) -> int:
     before = revision_of(engine)
     try:
         after = downgrade(engine, args.revision, allow_unsafe=args.allow_unsafe)
+    except AdmissionError:
+        raise  # a storage or schema error is one too, and keeps its own exit code (5, 3)
     except RuntimeError as exc:
         print_error(exc)
         return EXIT_REFUSED

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from admission.cli._common import (
@@ -22,6 +23,7 @@ from admission.cli._common import (
     json_file,
     print_json,
 )
+from admission.errors import StorageError
 
 if TYPE_CHECKING:
     from admission.worker import DurableWorker, Target
@@ -45,6 +47,21 @@ def _stop_hook() -> Callable[[str], None] | None:
     return pause_at(point, os.environ.get(ENV_STOP_MARKER) or None)
 
 
+def _file_path(value: str | None, option: str) -> str | None:
+    # Checked before the worker is built, because building it pins its queue
+    # in the database: a --lock or --export where no file can be made is
+    # refused with nothing written.  (What is left, such as a folder without
+    # write permission, is refused when the file is written.)
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_dir():
+        raise UsageError(option, f"{path} is a directory")
+    if not path.parent.is_dir():
+        raise UsageError(option, f"there is no folder {path.parent}")
+    return value
+
+
 def _worker(args: argparse.Namespace) -> DurableWorker:
     # Every worker command builds its worker here and nowhere else, so that
     # the storage behind the commands can change in this one function.
@@ -59,7 +76,7 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
         store,
         scope,
         queue=args.queue,
-        lock_path=args.lock,
+        lock_path=_file_path(args.lock, "--lock"),
         hook=_stop_hook(),
         lease_ttl=args.lease_ttl,
         claim_wait=args.wait,
@@ -68,12 +85,20 @@ def _worker(args: argparse.Namespace) -> DurableWorker:
 
 
 def _target(args: argparse.Namespace) -> Target:
+    # Called before _worker: building the worker pins its queue in the
+    # database, and a target that cannot be opened must leave nothing written.
+    import sqlite3
+
     from admission.testing import FaultyTarget
     from admission.worker import SqliteTarget
 
     if args.target is None:
         raise UsageError("--target", "is required")
-    target: Target = SqliteTarget(args.target)
+    try:
+        target: Target = SqliteTarget(args.target)
+    except (sqlite3.Error, OSError) as exc:
+        # A database that cannot be opened, as for --db: a storage failure (5), before any send.
+        raise StorageError(f"the target {args.target} cannot be opened: {exc}") from exc
     if args.fault is not None:
         target = FaultyTarget(target, args.fault)
     return target
@@ -94,7 +119,7 @@ def _cycle_json(report: object) -> dict[str, object]:
 
 
 def _cmd_worker_once(args: argparse.Namespace) -> int:
-    worker, target = _worker(args), _target(args)
+    target, worker = _target(args), _worker(args)
     print_json(_cycle_json(worker.run_once(target)))
     return EXIT_OK
 
@@ -103,7 +128,7 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
     import signal
     import time
 
-    worker, target = _worker(args), _target(args)
+    target, worker = _target(args), _worker(args)
     stop: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -134,9 +159,13 @@ def _cmd_worker_start(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker_status(args: argparse.Namespace) -> int:
+    _file_path(args.export, "--export")
     worker = _worker(args)
     if args.export:
-        worker.export_status(args.export)
+        try:
+            worker.export_status(args.export)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            raise UsageError("--export", f"cannot write {args.export}: {exc.strerror}") from None
     print_json(worker.status())
     return EXIT_OK
 
@@ -155,7 +184,7 @@ def _cmd_worker_observe(args: argparse.Namespace) -> int:
 
 
 def _cmd_worker_poll_status(args: argparse.Namespace) -> int:
-    worker, target = _worker(args), _target(args)
+    target, worker = _target(args), _worker(args)
     print_json(_cycle_json(worker.poll_status(target, args.poll_limit)))
     return EXIT_OK
 
@@ -179,7 +208,6 @@ def add_parser(commands: Commands, *, with_commands: bool = True) -> None:
 
     def common(name: str, help_text: str, *, target: bool = False) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text)
-        parser.add_argument("--db", default=argparse.SUPPRESS, help="database URL (as the global --db)")
         parser.add_argument("--scope", required=True, metavar="FILE", help="the scope, a JSON object")
         parser.add_argument("--queue", default="default", help="the queue name (default: default)")
         parser.add_argument("--lock", metavar="FILE", help="the lock file (default: next to a SQLite db)")

@@ -61,13 +61,18 @@ def normalize_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
+_QUERY_PASSWORD: Final = re.compile(r"(?P<keep>[?&][^=&]*password=)[^&]*", re.IGNORECASE)
+
+
 def masked_url(url: str) -> str:
-    """``url`` as it may be shown in output or logs: its password, if any, as ``***``."""
+    """``url`` as it may be shown in output or logs: its password, if any, as ``***``
+    (in the query too: psycopg reads ``?password=``)."""
     try:
         parsed = make_url(url)
     except (ArgumentError, ValueError):
         return "***"  # not parsed, so no telling which part is the password
-    return url if parsed.password is None else parsed.render_as_string(hide_password=True)
+    shown = url if parsed.password is None else parsed.render_as_string(hide_password=True)
+    return _QUERY_PASSWORD.sub(r"\g<keep>***", shown)
 
 
 def is_postgresql(dialect: Dialect) -> bool:
@@ -118,7 +123,12 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
         kwargs["execution_options"] = {**kwargs.get("execution_options", {}), SCHEMA_OPTION: schema}
     try:
         return _configured_engine(url, **kwargs)
-    except (ArgumentError, ValueError, ImportError) as exc:
+    except ImportError as exc:
+        # admission itself picks psycopg for postgresql:// URLs (normalize_url),
+        # so it names the extra that installs it.
+        extra = " (pip install 'admission[postgresql]')" if url.startswith("postgres") else ""
+        raise InputError(f"the database driver is not installed: {exc}{extra}", field="url") from exc
+    except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
 
 

@@ -9,7 +9,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from admission.errors import WorkerLockedError
+from admission.errors import InputError, WorkerLockedError
 
 __all__ = ["FileLock", "write_json_atomically"]
 
@@ -52,8 +52,17 @@ class FileLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise WorkerLockedError at once if another process has it."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        """Take the lock, or raise WorkerLockedError at once if another process has it.
+
+        A path where no lock file can be made (a directory, a missing or
+        unwritable folder) raises :class:`~admission.errors.InputError`.
+        """
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as exc:
+            # A path no lock file can be made at: the input is wrong, and nothing was written.
+            message = f"cannot open the lock file {self.path}: {exc.strerror}"
+            raise InputError(message, field="lock_path") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

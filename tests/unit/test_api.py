@@ -81,9 +81,12 @@ def test_cli_face_is_pinned() -> None:
             "EXIT_CONFLICT",
             "EXIT_DRIFTED",
             "EXIT_FAILED",
+            "EXIT_INTERNAL",
+            "EXIT_INTERRUPTED",
             "EXIT_INVALID",
             "EXIT_OK",
             "EXIT_OWNED",
+            "EXIT_PIPE",
             "EXIT_REFUSED",
             "EXIT_SCHEMA",
             "EXIT_STORAGE",
@@ -101,6 +104,7 @@ def test_cli_face_is_pinned() -> None:
     ]
     assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
     assert [cli.EXIT_UNSTAMPED, cli.EXIT_DRIFTED] == [6, 7]
+    assert [cli.EXIT_INTERNAL, cli.EXIT_INTERRUPTED, cli.EXIT_PIPE] == [70, 130, 141]
 
 
 def test_public_callables_and_classes_have_docstrings() -> None:

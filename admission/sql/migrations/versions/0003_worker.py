@@ -142,7 +142,8 @@ def downgrade() -> None:
     if records and not allowed:
         raise RuntimeError(
             f"refusing to downgrade: {records} worker records and their events would be dropped. "
-            "Settle and drain the queues first, or pass -x allow-unsafe-downgrade=yes; see docs/worker.md"
+            "Settle and drain the queues first, or run `admission db downgrade REVISION --allow-unsafe "
+            "--db URL` (alembic itself: -x allow-unsafe-downgrade=yes); see docs/worker.md"
         )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER worker_records_fence ON worker_records")

@@ -130,7 +130,8 @@ def downgrade() -> None:
     if jobs and not allowed:
         raise RuntimeError(
             f"refusing to downgrade: {jobs} durable jobs and their history would be dropped. "
-            "Drain the jobs first, or pass -x allow-unsafe-downgrade=yes; see docs/jobs.md"
+            "Drain the jobs first, or run `admission db downgrade REVISION --allow-unsafe --db URL` "
+            "(alembic itself: -x allow-unsafe-downgrade=yes); see docs/jobs.md"
         )
     for table in (
         "worker_job_events",
