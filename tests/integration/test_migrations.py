@@ -164,3 +164,41 @@ def test_an_unknown_target_revision_is_refused_as_input_and_changes_nothing(
     assert refused.value.field == "revision" and "nosuch" in str(refused.value)
     assert revision_of(engine) == "admission_0002"
     engine.dispose()
+
+
+def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_changes(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+
+    from admission.errors import SchemaRevisionError
+    from admission.receipts import AdmissionService
+    from admission.sql import SqlStore, check_revision
+    from admission.sql._revisions import HOST_VERSION_TABLE, version_table_of
+    from tests.support.snapshot import diff_snapshots, snapshot
+
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    upgrade(engine)
+    service = AdmissionService(SqlStore(engine))
+    service.start_run("ns", "wf")
+    first = service.admit_signal("ns", "wf", "go", [1], request_id="k")
+    # As an earlier build at 0004 left it: the stamp in alembic_version, under the old id.
+    with engine.begin() as conn:
+        version_table_of(VERSION_TABLE).drop(conn)
+        version_table_of(HOST_VERSION_TABLE).create(conn)
+        conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0004')"))
+    before = snapshot(engine)
+    with engine.connect() as conn, pytest.raises(SchemaRevisionError, match="admission db upgrade"):
+        check_revision(conn)
+
+    assert upgrade(engine) == HEAD_REVISION
+    after = snapshot(engine)
+    assert before["tables"].pop("alembic_version")["rows"] == [{"version_num": "0004"}]
+    assert after["tables"].pop(VERSION_TABLE)["rows"] == [{"version_num": HEAD_REVISION}]
+    assert diff_snapshots(before, after) == []
+    moved = snapshot(engine)
+    assert upgrade(engine) == HEAD_REVISION  # once: a second upgrade finds nothing to move
+    assert diff_snapshots(moved, snapshot(engine)) == []
+    again = AdmissionService(SqlStore(engine)).admit_signal("ns", "wf", "go", [1], request_id="k")
+    assert again.retained and again.command_id == first.command_id
+    engine.dispose()
