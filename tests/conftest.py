@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -39,6 +40,20 @@ def postgres_pool() -> Iterator[PostgresPool]:
 def sql_backend(request: pytest.FixtureRequest) -> str:
     """Each SQL backend the ``ADMISSION_TEST_BACKEND`` switch selects."""
     return str(request.param)
+
+
+@pytest.fixture
+def fresh_head(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> dict[str, Any]:
+    """A snapshot of a fresh database at the head: where each revision's new tables are declared."""
+    from admission.sql import create_admission_engine
+    from tests.support.snapshot import snapshot
+
+    (tmp_path / "head").mkdir()
+    engine = create_admission_engine(database_url(sql_backend, postgres_pool, tmp_path / "head"))
+    try:
+        return snapshot(engine)
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture

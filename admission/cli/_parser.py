@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from admission import __version__
 from admission.cli import _db, _intent, _jobs, _receipts, _serve, _worker
@@ -51,6 +51,9 @@ from admission.errors import (
 
 __all__ = ["WITHOUT_DATABASE", "build_parser", "leaf_commands", "main"]
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
+
 WITHOUT_DATABASE: Final = frozenset({("intent",), ("vectors", "verify")})
 """The commands that need no database; every other command takes ``--db`` before or after its name."""
 
@@ -61,6 +64,15 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # argparse echoes what it could not use: a URL given in the wrong place keeps its password masked.
         self.exit(EXIT_INVALID, f"admission: {mask_secrets(message)}; see `{self.prog} --help`\n")
+
+    def print_help(self, file: SupportsWrite[str] | None = None) -> None:
+        """Write the help; a closed standard output is raised, not passed over as argparse does.
+
+        argparse swallows a failed write, so whether ``--help | head -c1``
+        answered 0 or 141 depended on whether the text outgrew the buffer
+        (the terminal's width decides its length); main answers 141 either way.
+        """
+        (file or sys.stdout).write(self.format_help())
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -39,10 +39,10 @@ from admission.sql._revisions import (
     HEAD_REVISION,
     KNOWN_REVISIONS,
     VERSION_TABLE,
-    StampPlace,
     admission_tables_in,
     find_stamp,
     revision_id,
+    upgrade_command,
     version_table_of,
 )
 
@@ -133,14 +133,9 @@ def _target(revision: str) -> str:
 def _refuse_unless_unstamped(conn: Connection) -> None:
     stamp = find_stamp(conn)
     if stamp is not None:
-        way_on = (
-            "upgrade it with the host's alembic (`alembic upgrade heads`)"
-            if stamp.place is StampPlace.HOST
-            else "`admission db upgrade --db URL` upgrades it"
-        )
         raise SchemaRevisionError(
             f"nothing to adopt: the database records admission's revision {stamp.stamped} in "
-            f"{stamp.table}; {way_on}",
+            f"{stamp.table}; {upgrade_command(stamp)} upgrades it",
             revision=stamp.revision,
         )
     if not admission_tables_in(conn):

@@ -33,6 +33,7 @@ from admission.sql._revisions import (
     move_legacy_stamp,
     refuse_unstamped,
     revision_id,
+    upgrade_command,
 )
 
 if TYPE_CHECKING:
@@ -91,11 +92,9 @@ def _migratable_stamp(conn: Connection, target: str | None = None, *, adopting: 
     if stamp is not None and stamp.place is StampPlace.HOST:
         if target is not None and stamp.revision == (HEAD_REVISION if target == "head" else target):
             return stamp
-        # The host's alembic owns that table and knows revisions admission
-        # cannot locate: it runs admission's revisions itself.
         raise SchemaRevisionError(
             f"admission's revision {stamp.revision} is kept among a host project's heads in "
-            f"{HOST_VERSION_TABLE}; upgrade it with the host's alembic (`alembic upgrade heads`)",
+            f"{HOST_VERSION_TABLE}; upgrade it with {upgrade_command(stamp)}",
             revision=stamp.revision,
         )
     return stamp

@@ -54,6 +54,7 @@ __all__ = [
     "move_legacy_stamp",
     "refuse_unstamped",
     "revision_id",
+    "upgrade_command",
     "version_table_of",
 ]
 
@@ -176,6 +177,14 @@ def refuse_unstamped(connection: Connection) -> None:
         )
 
 
+def upgrade_command(stamp: Stamp) -> str:
+    """The command that upgrades a database whose revision ``stamp`` records, as a hint shows it."""
+    if stamp.place is StampPlace.HOST:
+        # The host's alembic owns that table and knows revisions admission cannot locate.
+        return "`alembic upgrade heads` in the host project"
+    return "`admission db upgrade --db URL`"
+
+
 def current_revision(connection: Connection) -> str | None:
     """admission's schema revision in the database, or ``None`` if it has none."""
     stamp = find_stamp(connection)
@@ -207,14 +216,9 @@ def check_revision(connection: Connection) -> str:
     if stamp.revision == HEAD_REVISION:
         return stamp.revision
     if stamp.revision in KNOWN_REVISIONS:
-        command = (
-            "`alembic upgrade heads` in the host project"
-            if stamp.place is StampPlace.HOST
-            else "`admission db upgrade --db URL`"
-        )
         raise SchemaRevisionError(
             f"the database is at schema revision {stamp.revision}, older than {HEAD_REVISION}; "
-            f"back it up, then run {command}",
+            f"back it up, then run {upgrade_command(stamp)}",
             revision=stamp.revision,
         )
     raise SchemaRevisionError(

@@ -76,17 +76,6 @@ def engine(unstamped: tuple[str, LegacyManifest]) -> Iterator[Engine]:
     engine.dispose()
 
 
-@pytest.fixture
-def head(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> dict[str, Any]:
-    """A snapshot of a fresh database at the head: where the new tables are declared."""
-    (tmp_path / "head").mkdir()
-    engine = create_admission_engine(database_url(sql_backend, postgres_pool, tmp_path / "head"))
-    try:
-        return snapshot(engine)
-    finally:
-        engine.dispose()
-
-
 def adopted_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:
     """The stamped upgrade's declared delta, for a database that had no stamp to move."""
     # declared_delta removes the legacy stamp an earlier build left; here there was none.
@@ -161,7 +150,7 @@ def test_an_empty_database_keeps_its_answer(empty_url: str) -> None:
 
 
 def test_adopt_changes_only_the_declared_delta_and_the_store_answers_a_legacy_key(
-    unstamped: tuple[str, LegacyManifest], engine: Engine, head: dict[str, Any]
+    unstamped: tuple[str, LegacyManifest], engine: Engine, fresh_head: dict[str, Any]
 ) -> None:
     url, manifest = unstamped
     before = snapshot(engine)
@@ -175,7 +164,7 @@ def test_adopt_changes_only_the_declared_delta_and_the_store_answers_a_legacy_ke
     assert report["tables"] == list(LEGACY_TABLES)
 
     after = snapshot(engine)
-    assert diff_snapshots(adopted_delta(before, head), after) == []
+    assert diff_snapshots(adopted_delta(before, fresh_head), after) == []
     # Said as the raw difference: the new tables aside, only workflow_commands and the stamp.
     lines = [
         line

@@ -39,6 +39,7 @@ from admission.sql import (
     normalize_url,
 )
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url
+from tests.support.processes import admission_cli as admission
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import build_legacy_database
 
@@ -52,11 +53,6 @@ def alembic(url: str, *args: str, recipe: Path = RECIPE) -> subprocess.Completed
     """The host's alembic, run from the host project as its users run it."""
     command = [sys.executable, "-m", "alembic", "-c", str(recipe / "alembic.ini"), "-x", f"db={url}", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=recipe)
-
-
-def admission(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "admission", "--db", url, *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
 
 
 @pytest.fixture

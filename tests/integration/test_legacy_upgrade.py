@@ -30,6 +30,7 @@ from admission.receipts import AdmissionService, Decision
 from admission.sql import HEAD_REVISION, VERSION_TABLE, SqlStore, create_admission_engine
 from admission.sql._revisions import version_table_of
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url
+from tests.support.processes import admission_cli as cli
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import LegacyCase, LegacyManifest, build_legacy_database
 
@@ -58,16 +59,6 @@ NEW_TABLES = (
 """Revisions 0003 and 0004's declared delta: these tables, new and empty."""
 
 
-def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "admission", "--db", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-
-
 @pytest.fixture
 def empty_url(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> str:
     """A fresh database on the backend under test, with no schema at all."""
@@ -85,17 +76,6 @@ def engine(legacy: tuple[str, LegacyManifest]) -> Iterator[Engine]:
     engine = create_admission_engine(legacy[0])
     yield engine
     engine.dispose()
-
-
-@pytest.fixture
-def fresh_head(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> dict[str, Any]:
-    """A snapshot of a fresh database at the head: where the new tables are declared."""
-    (tmp_path / "head").mkdir()
-    engine = create_admission_engine(database_url(sql_backend, postgres_pool, tmp_path / "head"))
-    try:
-        return snapshot(engine)
-    finally:
-        engine.dispose()
 
 
 def declared_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,6 @@ refuse a stale-fence write.  Printing the SQL changes nothing.
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +35,7 @@ from admission.sql import (
 )
 from admission.sql._revisions import version_table_of
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url
+from tests.support.processes import admission_cli as cli
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import build_legacy_database
 
@@ -44,16 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 STARTS = ("empty", "0001", "0002", "legacy")
 """Where the two databases start: no schema, an own stamp at 0001 or 0002, a legacy 0001 with rows."""
-
-
-def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "admission", "--db", url, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
 
 
 def printed_sql(url: str, *args: str) -> str:
