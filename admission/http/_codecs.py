@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import secrets
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Protocol, runtime_checkable
@@ -99,9 +100,22 @@ def parse_json_value(text: str, field: str = "--args") -> Value:
     ``1`` stays an int and ``1.0`` a float, ``-0.0`` keeps its sign, and
     ``NaN`` / ``Infinity`` / ``-Infinity`` are accepted as floats.  Duplicate
     object keys are refused (a JSON parser would keep the last one silently,
-    and the digest would cover a value the caller may not have meant).
-    Refusals are :class:`InvalidValueError` naming ``field``.
+    and the digest would cover a value the caller may not have meant), and
+    so is a number too large for a 64-bit float (``1e400``: Python would read
+    it as infinity, the intent of ``Infinity``, which the caller did not
+    write).  Refusals are :class:`InvalidValueError` naming ``field``.
     """
+
+    def finite_float(literal: str) -> float:
+        number = float(literal)
+        if math.isinf(number):
+            shown = literal if len(literal) <= 40 else f"{literal[:40]}..."
+            raise InvalidValueError(
+                f"the number {shown} is too large for a 64-bit float (write Infinity if that is meant)",
+                field=field,
+                path="",
+            )
+        return number
 
     def refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         result: dict[str, Any] = {}
@@ -114,7 +128,7 @@ def parse_json_value(text: str, field: str = "--args") -> Value:
     if type(text) is not str:
         raise InvalidValueError(f"must be JSON text, got {type(text).__name__}", field=field, path="")
     try:
-        value: Value = json.loads(text, object_pairs_hook=refuse_duplicates)
+        value: Value = json.loads(text, object_pairs_hook=refuse_duplicates, parse_float=finite_float)
     except InvalidValueError:
         raise
     except json.JSONDecodeError as exc:

@@ -404,6 +404,7 @@ REFUSED: list[tuple[str, Any, str, str]] = [
     ("signal/go", {"input": {"codec": "yaml", "blob": "[]"}}, "input_invalid", "input"),
     ("signal/go", {"input": {"codec": "json", "blob": '{"a": 1, "a": 2}'}}, "input_invalid", "input"),
     ("signal/go", {"input": {"codec": "json", "blob": "[1,"}}, "input_invalid", "input"),
+    ("signal/go", {"input": {"codec": "json", "blob": "[1e400]"}}, "input_invalid", "input"),
     ("signal/go", {"input": {"codec": "json", "blob": "5"}}, "input_invalid", "arguments"),
     ("signal/go", {"input": {"codec": "cbor", "blob": "GBc="}}, "input_invalid", "input"),
     ("signal/go", {"input": {"codec": "cbor", "blob": "%%"}}, "input_invalid", "input"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import pickle
 import subprocess
 import sys
@@ -92,6 +93,31 @@ def test_json_refuses_malformed_text_with_a_typed_error(text: str) -> None:
 def test_json_cannot_carry_bytes() -> None:
     with pytest.raises(CodecError, match="bytes cannot be carried"):
         JsonCodec().encode({"a": [b"x"]})
+
+
+@given(
+    mantissa=st.integers(1, 9),
+    exponent=st.integers(309, 100_000),
+    sign=st.sampled_from(["", "-"]),
+    where=st.sampled_from(["{}", "[{}]", '{{"price": {}}}']),
+)
+def test_a_number_too_large_for_a_float_is_refused_not_read_as_infinity(
+    mantissa: int, exponent: int, sign: str, where: str
+) -> None:
+    literal = f"{sign}{mantissa}e{exponent}"
+    with pytest.raises(InvalidValueError, match="too large for a 64-bit float") as refused:
+        parse_json_value(where.format(literal), "input")
+    assert refused.value.field == "input" and refused.value.code == "invalid_value"
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_every_finite_float_still_reads_back_exactly(value: float) -> None:
+    assert same(parse_json_value(repr(value)), value)
+    assert same(parse_json_value(render_json_value([value])), [value])
+
+
+def test_infinity_written_as_such_is_still_a_float() -> None:
+    assert parse_json_value("[Infinity, -Infinity]") == [math.inf, -math.inf]
 
 
 def test_parse_json_value_keeps_the_cli_field_name() -> None:
