@@ -20,7 +20,7 @@ from typing import Any, Final
 
 from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from admission.errors import AdmissionError, InputError, StorageError
@@ -111,12 +111,12 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     ``url``), keeping SQLAlchemy's error as the cause.
     """
     try:
-        backend = make_url(normalize_url(url)).get_backend_name()
+        parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
         # SQLAlchemy's messages here name the part it could not use, never the password.
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
     if schema is not None:
-        _check_schema(schema, backend, url)
+        _check_schema(schema, parsed)
         connect_args = dict(kwargs.pop("connect_args", {}))
         connect_args["options"] = f"-csearch_path={schema}"
         kwargs["connect_args"] = connect_args
@@ -132,7 +132,8 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
 
 
-def _check_schema(schema: str, backend: str, url: str) -> None:
+def _check_schema(schema: str, url: URL) -> None:
+    backend = url.get_backend_name()
     if backend != "postgresql":
         raise InputError(
             f"a schema applies to PostgreSQL only; {backend} keeps admission's tables in its file",
@@ -144,7 +145,7 @@ def _check_schema(schema: str, backend: str, url: str) -> None:
             "not starting with a digit",
             field="schema",
         )
-    if "options" in make_url(normalize_url(url)).query:
+    if "options" in url.query:
         raise InputError("the URL already sets libpq options; give the schema in one place", field="schema")
 
 

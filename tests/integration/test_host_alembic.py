@@ -272,3 +272,34 @@ def test_tables_with_no_stamp_are_refused_by_the_host_until_adopted(url: str) ->
         assert heads(engine) == {HOST_REVISION, HEAD_REVISION}
     finally:
         engine.dispose()
+
+
+def test_a_host_kept_stamp_behind_the_head_is_the_hosts_to_upgrade(url: str) -> None:
+    engine = create_admission_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)"))
+            conn.execute(text("INSERT INTO alembic_version VALUES ('1975ea83b712'), ('admission_0003')"))
+        before = snapshot(engine)
+        check = admission(url, "db", "check")
+        assert check.returncode == 3 and "alembic upgrade heads" in json.loads(check.stdout)["message"]
+        upgraded = admission(url, "db", "upgrade")
+        assert upgraded.returncode == 3 and "alembic upgrade heads" in upgraded.stderr
+        assert diff_snapshots(before, snapshot(engine)) == []
+    finally:
+        engine.dispose()
+
+
+def test_a_stamp_in_both_places_is_refused_naming_both(url: str) -> None:
+    assert admission(url, "db", "upgrade").returncode == 0
+    engine = create_admission_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)"))
+            conn.execute(text("INSERT INTO alembic_version VALUES ('admission_0003')"))
+        check = admission(url, "db", "check")
+        assert check.returncode == 3, check.stderr
+        message = check.stderr + check.stdout
+        assert "stamped twice" in message and HEAD_REVISION in message and "admission_0003" in message
+    finally:
+        engine.dispose()
