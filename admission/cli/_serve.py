@@ -49,7 +49,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from admission.sql import masked_url
 
     service = open_service(args)
-    app = create_app(service, codecs=codecs_from(*codecs))
+    stored = "envelope" if args.store_envelope else "plaintext"
+    app = create_app(
+        service,
+        codecs=codecs_from(*codecs),
+        store_arguments="envelope" if args.store_envelope else "plaintext",
+    )
     # One JSON line saying where it listens, then uvicorn's log on stderr.
     print(
         json.dumps(
@@ -58,6 +63,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "database": masked_url(db_url(args)),
                 "codecs": [c.name for c in codecs],
                 "aes_gcm_key_id": None if aes is None else aes[1],
+                "stored_arguments": stored,
             }
         ),
         flush=True,
@@ -75,4 +81,10 @@ def add_parser(commands: Commands) -> None:
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
     )
     serve.add_argument("--access-log", action="store_true", help="log every request on stderr")
+    serve.add_argument(
+        "--store-envelope",
+        action="store_true",
+        help="store each command's input envelope as received (aes-gcm stays encrypted at rest) "
+        "instead of the decoded arguments (docs/http.md)",
+    )
     serve.set_defaults(handler=_cmd_serve)

@@ -22,6 +22,7 @@ from admission.http._codecs import (
     parse_json_value,
     render_json_value,
 )
+from admission.http._stored import STORE_ARGUMENTS, StoreArguments, open_arguments
 
 if TYPE_CHECKING:
     from admission.http._app import (
@@ -68,6 +69,7 @@ __all__ = [
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",
     "REQUEST_ID_HEADER",
+    "STORE_ARGUMENTS",
     "AdmissionAnswer",
     "AesGcmCodec",
     "BytesCodec",
@@ -78,12 +80,14 @@ __all__ = [
     "ErrorBody",
     "JsonCodec",
     "SignalRequest",
+    "StoreArguments",
     "UpdateRequest",
     "codecs_from",
     "create_app",
     "decode_envelope",
     "default_codecs",
     "envelope",
+    "open_arguments",
     "parse_json_value",
     "render_json_value",
 ]

@@ -53,8 +53,8 @@ from admission.errors import (
     ReservedRequestIdError,
     StorageError,
 )
-from admission.http._codecs import Codec, decode_envelope, default_codecs
-from admission.intent._encoding import Value
+from admission.http._codecs import Codec, default_codecs
+from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
 from admission.intent._keys import normalize_request_id
 from admission.receipts._rules import Admission, Decision
 from admission.receipts._service import AdmissionService
@@ -319,6 +319,7 @@ def create_app(
     service: AdmissionService,
     *,
     codecs: Mapping[str, Codec] | None = None,
+    store_arguments: StoreArguments = "plaintext",
     poll_interval_seconds: float = 0.02,
     clock: Callable[[], float] = time.monotonic,
     title: str = "admission",
@@ -327,13 +328,16 @@ def create_app(
 
     ``codecs`` maps codec names to the codecs this server accepts (default
     ``json`` and ``cbor``; add an :class:`~admission.http._codecs.AesGcmCodec` with
-    the application's key to accept encrypted input).  An update waiting for
+    the application's key to accept encrypted input).  ``store_arguments`` is
+    what the commands table keeps: ``"plaintext"`` (the decoded arguments) or
+    ``"envelope"`` (the envelope as received; docs/http.md).  An update waiting for
     completion re-reads its receipt every ``poll_interval_seconds`` of
     ``clock`` (a monotonic clock, a parameter so tests control it).
     """
     if not (math.isfinite(poll_interval_seconds) and poll_interval_seconds > 0):
         raise ValueError("poll_interval_seconds must be a positive number")
     registry: Mapping[str, Codec] = default_codecs() if codecs is None else codecs
+    stored_as = check_store_arguments(store_arguments)
     app = FastAPI(
         title=title,
         version=__version__,
@@ -341,10 +345,10 @@ def create_app(
     )
     app.add_middleware(_EchoRequestId)
 
-    def arguments(body: SignalRequest | None) -> Value:
+    def arguments(body: SignalRequest | None) -> object:
         if body is None or body.input is None:
             return []
-        return decode_envelope(registry, body.input.model_dump())
+        return admitted_arguments(registry, body.input.model_dump(), stored_as)
 
     async def admit(
         command_type: Literal["signal", "update"],

@@ -30,6 +30,7 @@ from admission.receipts._rules import (
     lifecycle_diagram,
     select_receipt,
 )
+from admission.receipts._sealed import SealedArguments, sealed_max_size
 from admission.receipts._service import DEFAULT_RETENTION_DAYS, AdmissionService, utc_now
 from admission.receipts._store import (
     CommandRow,
@@ -69,6 +70,7 @@ __all__ = [
     "RunInfo",
     "RunRow",
     "RunStatus",
+    "SealedArguments",
     "SignalStatus",
     "Store",
     "StoredReceipt",
@@ -81,6 +83,7 @@ __all__ = [
     "judge_receipts",
     "judge_target",
     "lifecycle_diagram",
+    "sealed_max_size",
     "select_receipt",
     "utc_now",
 ]

@@ -28,7 +28,6 @@ from admission.intent._encoding import (
     INTENT_VERSION,
     canonical_decode,
     canonical_encode,
-    encode_intent,
 )
 from admission.intent._keys import receipt_token, validate_request_id
 from admission.receipts import _lifecycle as lifecycle
@@ -53,6 +52,7 @@ from admission.receipts._rules import (
     judge_target,
     select_receipt,
 )
+from admission.receipts._sealed import intent_and_stored
 from admission.receipts._store import CommandRow, LockedInstance, PruneCounts, Store
 
 __all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "utc_now"]
@@ -91,9 +91,9 @@ def _identifier(value: object, field: str) -> str:
 class AdmissionService:
     """Admits signals and updates with command keys, on any :class:`Store`.
 
-    ``clock`` returns timezone-aware datetimes; ``new_id`` returns fresh
-    identifiers for instances, runs, commands and updates; ``max_size`` bounds
-    the encoded arguments and results.
+    ``clock`` returns timezone-aware datetimes; ``new_id`` fresh identifiers;
+    ``max_size`` bounds the encoded arguments and results.  Arguments given as
+    :class:`~admission.receipts.SealedArguments` are digested by their plaintext and stored sealed.
     """
 
     def __init__(
@@ -247,7 +247,7 @@ class AdmissionService:
         _identifier(workflow_id, "workflow_id")
         key = None if request_id is None else validate_request_id(request_id, command_type)
         target = None if run_id is None else _identifier(run_id, "run_id")
-        encoded = encode_intent(command_type, name, arguments, target, max_size=self._max_size)
+        encoded, stored = intent_and_stored(command_type, name, arguments, target, self._max_size)
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         token = None if key is None else receipt_token(command_type, key)
         if key is not None and token is not None and connection is None:
@@ -285,7 +285,7 @@ class AdmissionService:
                 requested_run_id=target,
                 request_id=token,
                 context=context_of(key),
-                arguments=encoded.arguments,
+                arguments=stored,
                 status="rejected" if refused else placed.outcome,
                 outcome=placed.outcome,
                 rejection_reason=placed.reason,
