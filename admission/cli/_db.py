@@ -131,9 +131,7 @@ def _deep_check(engine: Engine, report: dict[str, object], max_findings: int) ->
     print_json(report)
     if found.ok:
         return EXIT_OK
-    faults = ", ".join(
-        f"{kind} {count}" for kind, count in sorted(found.counts.items()) if kind != "unverifiable"
-    )
+    faults = ", ".join(f"{kind} {count}" for kind, count in found.faults.items())
     print_error(f"the audit found faults ({faults}); each finding is listed on standard output")
     return EXIT_FINDINGS
 
@@ -181,7 +179,7 @@ def add_parser(commands: Commands) -> None:
     db_check.add_argument(
         "--max-findings",
         type=_count,
-        default=1000,
+        default=1000,  # DEFAULT_MAX_FINDINGS, without importing SQLAlchemy to build the parser
         metavar="N",
         help="--deep: list at most N findings (the counts stay exact; default 1000)",
     )

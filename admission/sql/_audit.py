@@ -112,9 +112,16 @@ class AuditReport:
     truncated: bool
 
     @property
+    def faults(self) -> dict[str, int]:
+        """The counts of every kind found that is a fault, not a note."""
+        return {
+            kind: count for kind, count in sorted(self.counts.items()) if count and kind not in NOTE_KINDS
+        }
+
+    @property
     def ok(self) -> bool:
         """Whether nothing but notes was found."""
-        return all(kind in NOTE_KINDS for kind, count in self.counts.items() if count)
+        return not self.faults
 
     def to_dict(self) -> dict[str, object]:
         """The JSON form, findings in the order they were found."""

@@ -468,3 +468,10 @@ def test_sqlite_text_in_a_blob_column_and_bytes_not_utf8_are_findings_not_driver
         ("intent_digest_mismatch", history.applied_signal),
     }
     assert "4112" not in result.stdout + result.stderr
+
+
+def test_the_command_line_lists_as_many_findings_as_the_library() -> None:
+    from admission.cli import build_parser
+    from admission.sql import DEFAULT_MAX_FINDINGS
+
+    assert build_parser().parse_args(["db", "check", "--deep"]).max_findings == DEFAULT_MAX_FINDINGS
