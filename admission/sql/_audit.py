@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -369,23 +369,19 @@ def _sqlite_gaps(conn: Connection, batch_size: int, found: _Collector) -> None:
     above = _sequence(conn, events) - (top or 0)
     if above > 0:
         found.add("event_gap", events, {"position": (top or 0) + 1}, f"{above} newest position(s) missing")
-    budget = 0
-    for position, previous, payload, kind in _stream(conn, PRUNED_EVENTS_AND_GAPS, batch_size):
-        if kind == 0:
-            pruned = _payload_field(payload, "events")
-            budget += pruned if type(pruned) is int and pruned > 0 else 0
-            continue
-        missing = position - previous - 1
-        explained = min(budget, missing)
-        budget -= explained
-        if explained < missing:
-            found.add(
-                "event_gap",
-                events,
-                {"position": previous + 1},
-                f"{missing - explained} of positions {previous + 1} to {position - 1} missing, "
-                "not accounted for by a later RunsPruned event",
-            )
+    rows = _stream(conn, PRUNED_EVENTS_AND_GAPS, batch_size)
+    marks = (
+        (p, None, _payload_field(data, "events")) if kind == 0 else (p, prev, None)
+        for p, prev, data, kind in rows
+    )
+    for first, last, missing in unexplained_gaps(marks):
+        found.add(
+            "event_gap",
+            events,
+            {"position": first},
+            f"{missing} of positions {first} to {last} missing, "
+            "not accounted for by a later RunsPruned event",
+        )
     for table, column in LOGS_NEVER_DELETED:
         top, _count = conn.execute(high_water(table.c[column])).one()
         above = _sequence(conn, table.name) - (top or 0)
@@ -400,6 +396,28 @@ def _sqlite_gaps(conn: Connection, batch_size: int, found: _Collector) -> None:
                 {column: previous + 1},
                 f"positions {previous + 1} to {position - 1} missing from a log nothing deletes from",
             )
+
+
+def unexplained_gaps(marks: Iterable[tuple[int, int | None, object]]) -> Iterator[tuple[int, int, int]]:
+    """The holes of a pruned log that no pruning accounts for: ``(first, last, unexplained)``.
+
+    ``marks`` come from the newest position down: ``(position, None, count)``
+    for a ``RunsPruned`` event that deleted ``count`` older events, and
+    ``(position, previous, None)`` for the hole between a present position and
+    the present one below it (``previous``; 0 below the first).  A pruning
+    deletes only events older than its own, so a hole draws on the counts of
+    the ``RunsPruned`` events above it, less what holes above it drew.
+    """
+    budget = 0
+    for position, previous, count in marks:
+        if previous is None:
+            budget += count if type(count) is int and count > 0 else 0
+            continue
+        missing = position - previous - 1
+        explained = min(budget, missing)
+        budget -= explained
+        if explained < missing:
+            yield previous + 1, position - 1, missing - explained
 
 
 def _sequence(conn: Connection, table: str) -> int:

@@ -1,5 +1,6 @@
-"""The audit's digest rule in its universal form: a command stored as admission stores it verifies;
-any changed byte of its arguments, or another name or target, is a finding on that command."""
+"""The audit's rules in their universal form: a command stored as admission stores it verifies, and
+any changed byte of its arguments, or another name or target, is a finding on that command; the holes
+pruning leaves in a log are explained, and one more deleted event never is."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from admission.intent import INTENT_VERSION, encode_intent, receipt_token
 from admission.receipts._answers import context_of
-from admission.sql._audit import _Collector, _verify_command
+from admission.sql._audit import _Collector, _verify_command, unexplained_gaps
 from tests.support.strategies import ARGUMENTS, TEXT
 
 NAMES = TEXT.filter(bool)
@@ -76,3 +77,47 @@ def test_a_target_added_or_dropped_is_found(arguments: object, target: str) -> N
     scoped = stored("signal", "go", arguments, target, None)
     scoped.target_scope = "instance"
     assert findings(scoped) == {("intent_digest_mismatch", "c-1")}
+
+
+# -- holes in a pruned log (docs/event-log.md, "Gaps") ----------------------------------------------------
+
+
+def marks(present: list[int], pruned: dict[int, int]) -> list[tuple[int, int | None, object]]:
+    """What the audit's query gives for a log: RunsPruned rows and holes, newest first."""
+    rows: list[tuple[int, int | None, object]] = []
+    previous = 0
+    for position in sorted(present):
+        if position - previous > 1:
+            rows.append((position, previous, None))
+        previous = position
+    rows += [(position, None, count) for position, count in pruned.items()]
+    # Newest first; at one position, the RunsPruned before the hole beneath it.
+    return sorted(rows, key=lambda r: (-r[0], r[1] is not None))
+
+
+LOGS = st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 10**6), max_size=4)), max_size=30)
+
+
+@given(LOGS, st.integers(0, 10**6))
+def test_holes_only_pruning_made_are_explained_and_one_more_deletion_never_is(
+    steps: list[tuple[bool, list[int]]], victim: int
+) -> None:
+    # A log as admission writes it: appends, and prunings that delete some older events and then
+    # append a RunsPruned event with their count.
+    present: list[int] = []
+    pruned: dict[int, int] = {}
+    for prune, picks in steps:
+        if prune:
+            candidates = [p for p in present if p not in pruned]
+            chosen = {candidates[i % len(candidates)] for i in picks} if candidates else set()
+            present = [p for p in present if p not in chosen]
+            present.append(max([*present, *chosen, *pruned, 0]) + 1)
+            pruned[present[-1]] = len(chosen)
+        else:
+            present.append(max([*present, *pruned, 0]) + 1)
+    assert list(unexplained_gaps(marks(present, pruned))) == []
+    interior = sorted(present)[:-1]  # the newest is the top-of-log check (sqlite_sequence), not this one
+    if interior:
+        gone = interior[victim % len(interior)]
+        after = [p for p in present if p != gone]
+        assert list(unexplained_gaps(marks(after, {p: c for p, c in pruned.items() if p != gone}))) != []
