@@ -29,6 +29,7 @@ __all__ = [
     "EXIT_CONFLICT",
     "EXIT_DRIFTED",
     "EXIT_FAILED",
+    "EXIT_FINDINGS",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
     "EXIT_INVALID",
@@ -70,6 +71,8 @@ EXIT_UNSTAMPED = 6
 """The database holds admission's tables but records no revision: ``db upgrade --adopt`` them."""
 EXIT_DRIFTED = 7
 """``db upgrade --adopt``: the tables differ from revision ``0001``; nothing was changed."""
+EXIT_FINDINGS = 8
+"""``db check --deep``: the audit found a fault (a digest, an event, a reference); nothing was changed."""
 EXIT_CONFLICT = 9
 """``request_id_conflict``: the key names another intent; nothing was written."""
 EXIT_AMBIGUOUS = 10

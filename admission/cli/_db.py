@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from admission.cli._common import (
     EXIT_DRIFTED,
+    EXIT_FINDINGS,
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_SCHEMA,
@@ -17,6 +19,9 @@ from admission.cli._common import (
     print_json,
 )
 from admission.errors import AdmissionError, SchemaDriftError, SchemaRevisionError, UnstampedSchemaError
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 __all__ = ["add_parser"]
 
@@ -96,22 +101,49 @@ def _cmd_db_check(args: argparse.Namespace) -> int:
     from admission.sql import HEAD_REVISION, check_revision, create_admission_engine, masked_url, revision_of
 
     engine = create_admission_engine(db_url(args), **engine_options(args))
-    revision = revision_of(engine)
     database = masked_url(db_url(args))
-    report: dict[str, object] = {"database": database, "revision": revision, "head": HEAD_REVISION}
     try:
-        with engine.connect() as conn:
-            check_revision(conn)
-    except SchemaRevisionError as exc:
-        report["ok"] = False
-        report["message"] = str(exc)
-        print_json(report)
-        return EXIT_UNSTAMPED if isinstance(exc, UnstampedSchemaError) else EXIT_SCHEMA
+        revision = revision_of(engine)
+        report: dict[str, object] = {"database": database, "revision": revision, "head": HEAD_REVISION}
+        try:
+            with engine.connect() as conn:
+                check_revision(conn)
+        except SchemaRevisionError as exc:
+            report["ok"] = False
+            report["message"] = str(exc)
+            print_json(report)
+            return EXIT_UNSTAMPED if isinstance(exc, UnstampedSchemaError) else EXIT_SCHEMA
+        if args.deep:
+            return _deep_check(engine, report, args.max_findings)
     finally:
         engine.dispose()
     report["ok"] = True
     print_json(report)
     return EXIT_OK
+
+
+def _deep_check(engine: Engine, report: dict[str, object], max_findings: int) -> int:
+    """The audit of a database at the head: exit 0 with nothing but notes, 8 with any fault."""
+    from admission.sql import audit
+
+    found = audit(engine, max_findings=max_findings)
+    report.update(found.to_dict())
+    print_json(report)
+    if found.ok:
+        return EXIT_OK
+    faults = ", ".join(f"{kind} {count}" for kind, count in found.faults.items())
+    print_error(f"the audit found faults ({faults}); each finding is listed on standard output")
+    return EXIT_FINDINGS
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
 
 
 def add_parser(commands: Commands) -> None:
@@ -137,6 +169,19 @@ def add_parser(commands: Commands) -> None:
     db_check = db_commands.add_parser(
         "check",
         help="print the revision; exit 3 unless it is the head, 6 if admission's tables have no stamp",
+    )
+    db_check.add_argument(
+        "--deep",
+        action="store_true",
+        help="also audit every row, read-only: re-verify each stored digest from its stored bytes, "
+        "every event and reference; exit 8 if anything is wrong (docs/cli.md)",
+    )
+    db_check.add_argument(
+        "--max-findings",
+        type=_count,
+        default=1000,  # DEFAULT_MAX_FINDINGS, without importing SQLAlchemy to build the parser
+        metavar="N",
+        help="--deep: list at most N findings (the counts stay exact; default 1000)",
     )
     db_check.set_defaults(handler=_cmd_db_check)
     db_downgrade = db_commands.add_parser("downgrade", help="downgrade (see docs/upgrading.md first)")

@@ -4,12 +4,23 @@ The only subpackage that names a dialect.  SQLite is the embedded default;
 PostgreSQL is the server.  Driver errors become admission errors at one
 boundary, keeping the cause.
 
+Auditing: ``audit`` re-verifies every stored digest, event and reference,
+read-only, in one snapshot (``admission db check --deep``, docs/cli.md).
+
 Migrations: ``upgrade`` and ``downgrade`` move a stamped database between
 revisions; ``adopt`` takes on admission's tables that an older engine left
 with no stamp, after comparing them with revision ``0001`` (docs/upgrading.md).
 """
 
 from admission.sql._adopt import ADOPTED_REVISION, AdoptionReport, adopt
+from admission.sql._audit import (
+    DEFAULT_AUDIT_BATCH,
+    DEFAULT_MAX_FINDINGS,
+    FINDING_KINDS,
+    AuditReport,
+    Finding,
+    audit,
+)
 from admission.sql._connections import REPLAN_AFTER, WRITE_CONNECTIONS
 from admission.sql._engine import (
     DEFAULT_URL,
@@ -64,7 +75,10 @@ __all__ = [
     "ADMISSION_TABLES",
     "ADOPTED_REVISION",
     "BRANCH_LABEL",
+    "DEFAULT_AUDIT_BATCH",
+    "DEFAULT_MAX_FINDINGS",
     "DEFAULT_URL",
+    "FINDING_KINDS",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
     "REPLAN_AFTER",
@@ -72,8 +86,10 @@ __all__ = [
     "VERSION_TABLE",
     "WRITE_CONNECTIONS",
     "AdoptionReport",
+    "AuditReport",
     "BulkInsert",
     "BulkStatement",
+    "Finding",
     "RawStatement",
     "SqlJobStore",
     "SqlStore",
@@ -83,6 +99,7 @@ __all__ = [
     "adopt",
     "alembic_config",
     "as_utc",
+    "audit",
     "check_revision",
     "constraint_name",
     "create_admission_engine",

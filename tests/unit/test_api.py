@@ -81,6 +81,7 @@ def test_cli_face_is_pinned() -> None:
             "EXIT_CONFLICT",
             "EXIT_DRIFTED",
             "EXIT_FAILED",
+            "EXIT_FINDINGS",
             "EXIT_INTERNAL",
             "EXIT_INTERRUPTED",
             "EXIT_INVALID",
@@ -103,7 +104,7 @@ def test_cli_face_is_pinned() -> None:
         4,
     ]
     assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
-    assert [cli.EXIT_UNSTAMPED, cli.EXIT_DRIFTED] == [6, 7]
+    assert [cli.EXIT_UNSTAMPED, cli.EXIT_DRIFTED, cli.EXIT_FINDINGS] == [6, 7, 8]
     assert [cli.EXIT_INTERNAL, cli.EXIT_INTERRUPTED, cli.EXIT_PIPE] == [70, 130, 141]
 
 
