@@ -68,10 +68,12 @@ FINDING_KINDS: Final = {
     "not_canonical": "a stored value is not in the canonical encoding",
     "event_gap": "positions missing from an event log that no pruning accounts for",
     "unverifiable": "a legacy command stored without an intent digest: nothing to verify it against",
+    "sealed": "arguments stored sealed (an envelope as received): their digests are over the plaintext, "
+    "which the audit cannot read without the key",
 }
 """Every kind of finding, and what it means (docs/cli.md, ``db check --deep``)."""
 
-NOTE_KINDS: Final = frozenset({"unverifiable"})
+NOTE_KINDS: Final = frozenset({"unverifiable", "sealed"})
 """Kinds that are notes, not faults: a report with only these is clean."""
 
 
@@ -282,6 +284,14 @@ def _payload_field(payload: bytes | None, name: str) -> object:
     return decoded.get(name) if isinstance(decoded, dict) else None
 
 
+def _sealed(arguments: bytes) -> bool:
+    """Whether stored arguments are a sealed text (an envelope) rather than a list or a map."""
+    try:
+        return isinstance(canonical_decode(arguments, max_size=max(len(arguments), 1)), str)
+    except AdmissionError:
+        return False  # reported by the digest and canonical checks
+
+
 def _verify_command(row: Any, found: _Collector) -> None:
     """The stored digests against the stored bytes (contract §3); a legacy row is a note."""
     table, key = workflow_commands.name, {"id": row.id}
@@ -295,6 +305,12 @@ def _verify_command(row: Any, found: _Collector) -> None:
         found.add("arguments_not_canonical", table, key, "arguments are NULL beside an intent digest")
         return
     arguments = bytes(row.arguments)
+    if _sealed(arguments):
+        # Stored as received under store_arguments="envelope": the digests are
+        # over the plaintext, which only the key opens; the context still is checked.
+        found.add("sealed", table, key, "arguments stored sealed: the digests are over the plaintext")
+        _verify_context(row, found)
+        return
     if hashlib.sha256(arguments).hexdigest() != row.arguments_digest:
         found.add("arguments_digest_mismatch", table, key, "arguments do not hash to arguments_digest")
     try:

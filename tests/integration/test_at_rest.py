@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
-from sqlalchemy import Engine, MetaData, func, select
+from sqlalchemy import Engine, MetaData, func, select, update
 
 with warnings.catch_warnings():
     # The framework's test client warns about its own future; it is not ours to fix.
@@ -39,7 +39,7 @@ from admission.http import (
 )
 from admission.intent import canonical_decode, canonical_encode, encode_intent, receipt_token
 from admission.receipts import AdmissionService, MemoryStore, SealedArguments, Store, sealed_max_size
-from admission.sql import SqlStore, create_admission_engine, workflow_commands
+from admission.sql import SqlStore, audit, create_admission_engine, workflow_commands
 from tests.integration.test_http import serving
 from tests.support.strategies import ARGUMENTS, same
 
@@ -184,6 +184,23 @@ def test_envelope_mode_keeps_an_encrypted_card_number_out_of_every_table(
             select(workflow_commands.c.intent_digest).where(workflow_commands.c.request_id.is_not(None))
         ).scalar_one()
     assert digest == encode_intent("update", "pay", ARGS, None).digest
+
+
+def test_the_deep_audit_notes_sealed_arguments_and_still_finds_a_tampered_key(
+    service: AdmissionService, engine: Engine
+) -> None:
+    # Sealed rows cannot be re-digested without the key: a note, not a fault ...
+    admit_a_card_twice_and_another_once(client_for(service, store_arguments="envelope"), service)
+    report = audit(engine)
+    assert report.ok and set(report.counts) == {"sealed"} and report.counts["sealed"] == 2
+    # ... but the rest of the row is still checked: a changed command key is found.
+    with engine.begin() as conn:
+        conn.execute(
+            update(workflow_commands)
+            .where(workflow_commands.c.request_id.is_not(None))
+            .values(request_id=receipt_token("update", "pay-2"))
+        )
+    assert "context_mismatch" in audit(engine).counts
 
 
 def test_plaintext_mode_keeps_the_decrypted_arguments_in_the_commands_table_only(
