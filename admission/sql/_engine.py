@@ -101,6 +101,11 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
     first read (a deferred transaction that upgrades to a write can fail
     instead of waiting).  Other transactions on the engine begin deferred.
+    Each connection checks that its path still names the file it opened
+    (``admission/sql/_sqlite_file.py``): a database file or ``-wal`` deleted,
+    replaced or moved away under the process is refused as
+    :class:`~admission.errors.StorageError`, never acknowledged, and the
+    engine opens no other file until it is disposed.
 
     ``schema`` (PostgreSQL only) puts every admission table, the version
     table included, in that schema instead of the default one: each

@@ -341,3 +341,32 @@ def test_every_acknowledged_receipt_is_in_the_file_the_path_names_when_it_is_ack
                 os.replace(aside, path)
             elif step == "dispose":
                 service.store.dispose()  # type: ignore[attr-defined]
+
+
+class _CallerConnection(sqlite3.Connection):
+    """A caller's own driver connection class, given as ``connect_args["factory"]``."""
+
+
+@pytest.mark.parametrize("form", ["factory", "uri"])
+def test_the_check_holds_for_a_callers_connection_class_and_for_a_file_uri(
+    form: str, template: Path, tmp_path: Path
+) -> None:
+    path = copy_of(template, tmp_path / "engine.sqlite3")
+    if form == "factory":
+        engine = create_admission_engine(
+            f"sqlite:///{path}", connect_args={"factory": _CallerConnection, "check_same_thread": False}
+        )
+    else:
+        engine = create_admission_engine(f"sqlite:///file:{path}?mode=rw&uri=true")
+    store = SqlStore(engine)
+    try:
+        service = AdmissionService(store)
+        admit(service, "before")
+        raw = engine.raw_connection()
+        assert isinstance(raw.dbapi_connection, _CallerConnection) == (form == "factory")
+        raw.close()
+        path.unlink()
+        with pytest.raises(StorageError, match="no longer the file"):
+            admit(service, "after")
+    finally:
+        store.dispose()
