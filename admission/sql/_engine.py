@@ -24,6 +24,7 @@ from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from admission.errors import AdmissionError, InputError, StorageError
+from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, GuardedConnection
 
 __all__ = [
     "DEFAULT_URL",
@@ -100,6 +101,11 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
     first read (a deferred transaction that upgrades to a write can fail
     instead of waiting).  Other transactions on the engine begin deferred.
+    Each connection checks that its path still names the file it opened
+    (``admission/sql/_sqlite_file.py``): a database file or ``-wal`` deleted,
+    replaced or moved away under the process is refused as
+    :class:`~admission.errors.StorageError`, never acknowledged, and the
+    engine opens no other file until it is disposed.
 
     ``schema`` (PostgreSQL only) puts every admission table, the version
     table included, in that schema instead of the default one: each
@@ -157,6 +163,7 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine:
     if make_url(url).database in (None, "", ":memory:"):
         raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
     kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+    guard = _guard_file(make_url(url), kwargs)
     engine = create_engine(url, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -164,11 +171,14 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine:
         # pysqlite would emit its own deferred BEGIN; admission emits its own.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
+        (mode,) = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
+        if isinstance(dbapi_connection, GuardedConnection):
+            # After the pragma's read, which opened the log of an existing database.
+            dbapi_connection.adopt_journal(str(mode).lower() == "wal")
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
@@ -179,14 +189,33 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine:
             # timeout is wrapped here as SQLAlchemy wraps a statement's error:
             # the boundary then sees the error it expects.
             error = conn.dialect.loaded_dbapi.Error
+            dbapi_connection: Any = conn.connection.dbapi_connection
             try:
-                conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE")  # type: ignore[union-attr]
+                if isinstance(dbapi_connection, GuardedConnection):
+                    # Refused before anything is written (docs/guide.md, "A SQLite file
+                    # taken away"); the check after COMMIT is the one that guarantees it.
+                    dbapi_connection.check_file()
+                dbapi_connection.execute("BEGIN IMMEDIATE")
             except error as exc:
                 raise DBAPIError.instance("BEGIN IMMEDIATE", (), exc, error) from exc
         else:
             conn.exec_driver_sql("BEGIN")
 
+    if guard is not None:
+        # A disposed engine opens, and is bound to, what the path names then.
+        event.listen(engine, "engine_disposed", lambda _engine: guard.forget())
     return engine
+
+
+def _guard_file(url: URL, kwargs: dict[str, Any]) -> FileGuard | None:
+    """Give the driver a connection class that checks its file (pysqlite only), and its guard."""
+    if url.get_driver_name() != "pysqlite":
+        return None
+    connect_args = dict(kwargs["connect_args"])
+    guard = FileGuard()
+    connect_args["factory"] = guard.connection_class(connect_args.get("factory"))
+    kwargs["connect_args"] = connect_args
+    return guard
 
 
 def insert_or_ignore(
@@ -260,6 +289,8 @@ def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Itera
 
 
 def _translate(error: BaseException, dbapi: Any, refusals: Refusals | None) -> AdmissionError:
+    if isinstance(error, DatabaseFileMovedError):
+        return StorageError(str(error))
     name = constraint_name(error)
     if refusals and name in refusals:
         return refusals[name]()

@@ -74,6 +74,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
+from admission.sql._sqlite_file import verify_file
 
 __all__ = ["SqlStore"]
 
@@ -429,6 +430,9 @@ class SqlStore:
                 else:
                     rows = self._raw.receipts.rows(cursor, params)
                     found = [(command_row(r), optional_update_row(r)) for r in rows]
+                if found:
+                    # Never answer a retry from a file a restart will not open (docs/guide.md).
+                    verify_file(cursor.connection)
             except self._dbapi_error:
                 # A connection that failed is not read from again.
                 self._readers.discard()
