@@ -1,8 +1,10 @@
-"""The HTTP edge: an ASGI app over the admission service, and the payload codecs.
+"""The HTTP edge: an ASGI app over the admission service, the payload codecs, and who may call it.
 
-The codecs are pure and load at once; the app needs the ``http`` extra
-(FastAPI) and loads on first use of its names, so that ``admission.client``,
-which shares the codecs, stays importable without FastAPI.
+The codecs and the authorisation values (bearer tokens, the hook's request
+and principal, the namespace header's encoding) are pure and load at once;
+the app needs the ``http`` extra (FastAPI) and loads on first use of its
+names, so that ``admission.client``, which shares the codecs, stays
+importable without FastAPI.
 """
 
 from typing import TYPE_CHECKING
@@ -22,12 +24,29 @@ from admission.http._codecs import (
     parse_json_value,
     render_json_value,
 )
+from admission.http._tokens import (
+    DEFAULT_NAMESPACE,
+    NAMESPACE_HEADER,
+    TOKEN_PREFIX,
+    WILDCARD,
+    AccessError,
+    AuthenticationError,
+    Authorizer,
+    AuthRequest,
+    BearerTokens,
+    NamespaceForbiddenError,
+    Principal,
+    TokenFileError,
+    TokenGrant,
+    decode_namespace,
+    encode_namespace,
+    mint_token,
+    token_digest,
+)
 
 if TYPE_CHECKING:
     from admission.http._app import (
-        DEFAULT_NAMESPACE,
         MAX_WAIT_SECONDS,
-        NAMESPACE_HEADER,
         REQUEST_ID_HEADER,
         AdmissionAnswer,
         Envelope,
@@ -36,12 +55,11 @@ if TYPE_CHECKING:
         UpdateRequest,
         create_app,
     )
+    from admission.http._auth import principal_in, read_token_file
 
 _APP_NAMES = frozenset(
     {
-        "DEFAULT_NAMESPACE",
         "MAX_WAIT_SECONDS",
-        "NAMESPACE_HEADER",
         "REQUEST_ID_HEADER",
         "AdmissionAnswer",
         "Envelope",
@@ -51,6 +69,7 @@ _APP_NAMES = frozenset(
         "create_app",
     }
 )
+_AUTH_NAMES = frozenset({"principal_in", "read_token_file"})
 
 
 def __getattr__(name: str) -> object:
@@ -59,6 +78,10 @@ def __getattr__(name: str) -> object:
         from admission.http import _app
 
         return getattr(_app, name)
+    if name in _AUTH_NAMES:
+        from admission.http import _auth
+
+        return getattr(_auth, name)
     raise AttributeError(f"module 'admission.http' has no attribute {name!r}")
 
 
@@ -68,8 +91,15 @@ __all__ = [
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",
     "REQUEST_ID_HEADER",
+    "TOKEN_PREFIX",
+    "WILDCARD",
+    "AccessError",
     "AdmissionAnswer",
     "AesGcmCodec",
+    "AuthRequest",
+    "AuthenticationError",
+    "Authorizer",
+    "BearerTokens",
     "BytesCodec",
     "CborCodec",
     "Codec",
@@ -77,13 +107,23 @@ __all__ = [
     "Envelope",
     "ErrorBody",
     "JsonCodec",
+    "NamespaceForbiddenError",
+    "Principal",
     "SignalRequest",
+    "TokenFileError",
+    "TokenGrant",
     "UpdateRequest",
     "codecs_from",
     "create_app",
     "decode_envelope",
+    "decode_namespace",
     "default_codecs",
+    "encode_namespace",
     "envelope",
+    "mint_token",
     "parse_json_value",
+    "principal_in",
+    "read_token_file",
     "render_json_value",
+    "token_digest",
 ]

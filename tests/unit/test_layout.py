@@ -21,6 +21,7 @@ PURE_MODULES = {
     "admission.client._errors",
     "admission.errors",
     "admission.http._codecs",
+    "admission.http._tokens",
     "admission.intent._encoding",
     "admission.intent._keys",
     "admission.jobs._claims",
