@@ -24,6 +24,7 @@ from admission.http._codecs import (
     parse_json_value,
     render_json_value,
 )
+from admission.http._token_file import MAX_TOKEN_FILE_BYTES, read_token_file
 from admission.http._tokens import (
     DEFAULT_NAMESPACE,
     NAMESPACE_HEADER,
@@ -55,7 +56,7 @@ if TYPE_CHECKING:
         UpdateRequest,
         create_app,
     )
-    from admission.http._auth import principal_in, read_token_file
+    from admission.http._auth import principal_in
 
 _APP_NAMES = frozenset(
     {
@@ -69,7 +70,7 @@ _APP_NAMES = frozenset(
         "create_app",
     }
 )
-_AUTH_NAMES = frozenset({"principal_in", "read_token_file"})
+_AUTH_NAMES = frozenset({"principal_in"})
 
 
 def __getattr__(name: str) -> object:
@@ -88,6 +89,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AES_GCM_NONCE_SIZE",
     "DEFAULT_NAMESPACE",
+    "MAX_TOKEN_FILE_BYTES",
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",
     "REQUEST_ID_HEADER",

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
-import stat
 from collections.abc import Awaitable, Callable, Collection, MutableMapping
-from pathlib import Path
 from typing import Annotated, Any, Final
 
 from fastapi import FastAPI, Header, Request
@@ -39,26 +36,13 @@ from admission.http._tokens import (
     AuthenticationError,
     Authorizer,
     AuthRequest,
-    BearerTokens,
     Principal,
-    TokenFileError,
     decode_namespace,
 )
 
-__all__ = [
-    "MAX_TOKEN_FILE_BYTES",
-    "Gate",
-    "install_gate",
-    "namespace_in",
-    "principal_in",
-    "read_token_file",
-    "request_namespace",
-]
+__all__ = ["Gate", "install_gate", "namespace_in", "principal_in", "request_namespace"]
 
 _log = logging.getLogger("admission.http")
-
-MAX_TOKEN_FILE_BYTES: Final = 16 * 1024 * 1024
-"""The largest token file read: far more than any real list of grants."""
 
 _NAMESPACE_KEY: Final = "admission.namespace"
 _PRINCIPAL_KEY: Final = "admission.principal"
@@ -195,33 +179,3 @@ async def _refuse(
     if field is not None:
         body["field"] = field
     await JSONResponse(body, status_code=status, headers=headers)(scope, receive, send)
-
-
-def read_token_file(path: str | os.PathLike[str]) -> BearerTokens:
-    """The :class:`BearerTokens` of the token file at ``path``.
-
-    Refused with :class:`TokenFileError` (its message names the place, never
-    a hash or a token): a file that cannot be read, is not a regular file, is
-    writable by its group or by others (anyone who can write it can grant
-    themselves a namespace), is larger than :data:`MAX_TOKEN_FILE_BYTES`, is
-    not UTF-8, or is not a valid token file.
-    """
-    try:
-        with Path(path).open("rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise TokenFileError("file", f"{os.fspath(path)} is not a regular file")
-            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise TokenFileError(
-                    "file", f"{os.fspath(path)} is writable by its group or others (chmod 600 it)"
-                )
-            data = handle.read(MAX_TOKEN_FILE_BYTES + 1)
-    except OSError as exc:
-        raise TokenFileError("file", f"cannot read {os.fspath(path)}: {exc.strerror}") from None
-    if len(data) > MAX_TOKEN_FILE_BYTES:
-        raise TokenFileError("file", f"larger than {MAX_TOKEN_FILE_BYTES} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TokenFileError("file", f"not UTF-8 text (byte {exc.start})") from None
-    return BearerTokens.from_json(text)
