@@ -117,7 +117,7 @@ def add_parser(commands: Commands) -> None:
         "--tokens",
         metavar="FILE",
         help=f"require a bearer token granted the namespace (default: ${ENV_TOKENS}); "
-        "made with `admission token create`",
+        "as admission token create writes it",
     )
     serve.add_argument(
         "--insecure-no-auth",
