@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final, NoReturn
 
 from admission import __version__
-from admission.cli import _db, _intent, _jobs, _receipts, _serve, _worker
+from admission.cli import _db, _intent, _jobs, _receipts, _serve, _token, _worker
 from admission.cli._common import (
     ENV_DB,
     ENV_SCHEMA,
@@ -54,7 +54,9 @@ __all__ = ["WITHOUT_DATABASE", "build_parser", "leaf_commands", "main"]
 if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
-WITHOUT_DATABASE: Final = frozenset({("intent",), ("vectors", "verify")})
+WITHOUT_DATABASE: Final = frozenset(
+    {("intent",), ("vectors", "verify"), ("token", "create"), ("token", "list"), ("token", "revoke")}
+)
 """The commands that need no database; every other command takes ``--db`` before or after its name."""
 
 
@@ -118,6 +120,7 @@ def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
     _db.add_parser(commands)
     _receipts.add_parser(commands)
     _serve.add_parser(commands)
+    _token.add_parser(commands)
     _demo_parser(commands)
     _worker.add_parser(commands, with_commands=worker_commands)
     _jobs.add_parser(commands)

@@ -1,12 +1,20 @@
-"""``admission serve``: the HTTP API under uvicorn, with the AES-GCM key read from the environment."""
+"""``admission serve``: the HTTP API under uvicorn, with the AES-GCM key read from the environment.
+
+With ``--tokens FILE`` (or ``$ADMISSION_TOKENS``) every request needs a
+bearer token granted its namespace; without, only a loopback address may be
+bound unless ``--insecure-no-auth`` says the open port is meant.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 
 from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_service
+from admission.cli._token import ENV_TOKENS, load_tokens
+from admission.http import BearerTokens, StoreArguments
 
 __all__ = ["add_parser"]
 
@@ -33,6 +41,33 @@ def _aes_gcm_key() -> tuple[bytes, str] | None:
     return key, os.environ.get(ENV_AES_GCM_KEY_ID) or "default"
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to any address
+        return False
+
+
+def _authorizer(args: argparse.Namespace) -> BearerTokens | None:
+    # Checked before the database is opened: a server that would listen
+    # unprotected, or on a file it cannot use, never starts.
+    path = args.tokens or os.environ.get(ENV_TOKENS)
+    if path and args.insecure_no_auth:
+        raise UsageError("--insecure-no-auth", "cannot be given with --tokens (or $ADMISSION_TOKENS)")
+    if path:
+        return load_tokens(path, "--tokens")
+    if not args.insecure_no_auth and not _is_loopback(args.host):
+        raise UsageError(
+            "--host",
+            f"{args.host} is not a loopback address, and without --tokens anyone who reaches the port "
+            "could act in every namespace; give --tokens FILE (admission token create), "
+            "or --insecure-no-auth if that is meant",
+        )
+    return None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -42,6 +77,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
     if not 0 < args.port < 65536:
         raise UsageError("--port", "must be 1 to 65535")
+    tokens = _authorizer(args)
     codecs: list[Codec] = [JsonCodec(), CborCodec()]
     aes = _aes_gcm_key()
     if aes is not None:
@@ -49,12 +85,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from admission.sql import masked_url
 
     service = open_service(args)
-    stored = "envelope" if args.store_envelope else "plaintext"
-    app = create_app(
-        service,
-        codecs=codecs_from(*codecs),
-        store_arguments="envelope" if args.store_envelope else "plaintext",
-    )
+    stored: StoreArguments = "envelope" if args.store_envelope else "plaintext"
+    app = create_app(service, codecs=codecs_from(*codecs), store_arguments=stored, authorize=tokens)
     # One JSON line saying where it listens, then uvicorn's log on stderr.
     print(
         json.dumps(
@@ -64,6 +96,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "codecs": [c.name for c in codecs],
                 "aes_gcm_key_id": None if aes is None else aes[1],
                 "stored_arguments": stored,
+                "auth": "none" if tokens is None else "bearer-tokens",
+                "tokens": None if tokens is None else len(tokens.grants),
             }
         ),
         flush=True,
@@ -86,5 +120,16 @@ def add_parser(commands: Commands) -> None:
         action="store_true",
         help="store each command's input envelope as received (aes-gcm stays encrypted at rest) "
         "instead of the decoded arguments (docs/http.md)",
+    )
+    serve.add_argument(
+        "--tokens",
+        metavar="FILE",
+        help=f"require a bearer token granted the namespace (default: ${ENV_TOKENS}); "
+        "as admission token create writes it",
+    )
+    serve.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve a non-loopback --host without tokens: anyone who reaches it acts in every namespace",
     )
     serve.set_defaults(handler=_cmd_serve)

@@ -10,7 +10,8 @@ client makes the retry safe (contract §2.7, §7):
 - :class:`TransportRetryPolicy` retries only what cannot have been a definite
   answer: connection errors, disconnects before a response, timeouts, 5xx and
   429.  A 409 (conflict, ambiguity, refusal) or any other 4xx is an answer,
-  and is never retried.
+  and is never retried; a 401 or 403 (no token, or a namespace the token is
+  not granted) raises :class:`AccessDenied`.
 - Every exception raised after the key was chosen carries ``request_id``, so
   the caller can retry later with the same key, or read the receipt.
 
@@ -26,6 +27,7 @@ Needs the ``http`` extra (httpx), but not FastAPI: the codecs come from
 from admission.client._calls import generate_request_id
 from admission.client._clients import AdmissionClient, AsyncAdmissionClient
 from admission.client._errors import (
+    AccessDenied,
     ClientError,
     CommandRejected,
     InvalidRequest,
@@ -39,6 +41,7 @@ from admission.client._errors import (
 from admission.client._policy import TransportRetryPolicy
 
 __all__ = [
+    "AccessDenied",
     "AdmissionClient",
     "AsyncAdmissionClient",
     "ClientError",

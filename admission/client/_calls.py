@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 
 from admission.client._errors import (
+    AccessDenied,
     CommandRejected,
     InvalidRequest,
     Receipt,
@@ -258,6 +259,14 @@ def _interpret(call: _Call, response: httpx.Response) -> Receipt | None:
                 details={"update_id": receipt.update_id, "failure": receipt.failure},
                 receipt=receipt,
             )
+    if status in (401, 403):
+        raise AccessDenied(
+            message or f"HTTP {status}: {reason or 'access denied'}",
+            request_id=key,
+            status=status,
+            reason=reason,
+            body=body,
+        )
     if status == 422:
         raise InvalidRequest(
             message or f"HTTP 422: {reason}",

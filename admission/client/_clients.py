@@ -32,6 +32,7 @@ from admission.client._errors import ClientError, Receipt
 from admission.client._policy import TransportRetryPolicy
 from admission.errors import InvalidValueError
 from admission.http._codecs import CborCodec, Codec
+from admission.http._tokens import encode_namespace
 from admission.intent._encoding import Value
 
 DEFAULT_TIMEOUT_SECONDS: Final = 10.0
@@ -49,14 +50,34 @@ def _tag(error: Exception, request_id: str) -> None:
 _HEADERS: Final = {"content-type": "application/json", "accept": "application/json"}
 
 
-def _headers(namespace: str) -> dict[str, str]:
-    return {**_HEADERS, "x-namespace": namespace}
+def _headers(namespace: str, token: str | None) -> dict[str, str]:
+    # Percent-encoded UTF-8: the server refuses raw non-ASCII bytes (docs/http.md, "Headers").
+    headers = {**_HEADERS, "x-namespace": encode_namespace(namespace)}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
 
 
 def _check_namespace(namespace: object) -> str:
     if type(namespace) is not str or not namespace:
         raise InvalidValueError(f"must be a non-empty str, got {namespace!r}", field="namespace", path="")
+    try:
+        encode_namespace(namespace)
+    except UnicodeEncodeError:
+        reason = "is not valid Unicode (a lone surrogate)"
+        raise InvalidValueError(reason, field="namespace", path="") from None
     return namespace
+
+
+def _check_token(token: object) -> str | None:
+    # The token is never quoted back: an error says what is wrong with it, not what it is.
+    if token is None:
+        return None
+    if type(token) is not str or not token:
+        raise InvalidValueError("must be a non-empty str", field="token", path="")
+    if not all("\x21" <= c <= "\x7e" for c in token):
+        raise InvalidValueError("must be printable ASCII without spaces", field="token", path="")
+    return token
 
 
 class _Client:
@@ -70,8 +91,10 @@ class _Client:
         timeout: float,
         random: Callable[[], float],
         new_request_id: Callable[[CommandType], str],
+        token: str | None = None,
     ) -> None:
         self.namespace = _check_namespace(namespace)
+        self._token = _check_token(token)
         self.codec: Codec = codec if codec is not None else CborCodec()
         self.policy = policy if policy is not None else TransportRetryPolicy()
         self.timeout = timeout
@@ -108,7 +131,7 @@ class _Client:
         return {
             "content": call.content,
             "params": call.params,
-            "headers": _headers(self.namespace),
+            "headers": _headers(self.namespace, self._token),
             "timeout": call.timeout,
         }
 
@@ -123,7 +146,9 @@ class AdmissionClient(_Client):
     """The synchronous client, on :class:`httpx.Client`.
 
     ``base_url`` is where the admission app is mounted; ``namespace`` goes in
-    the ``X-Namespace`` header; ``codec`` encodes arguments into the input
+    the ``X-Namespace`` header (percent-encoded UTF-8); ``token`` is sent as
+    ``Authorization: Bearer`` to a server that requires one (``admission
+    serve --tokens``); ``codec`` encodes arguments into the input
     envelope (canonical CBOR by default: every typed value round-trips).
     Give ``http_client`` to reuse a configured client (it is then not closed
     here), or ``transport`` to replace the network (tests).
@@ -142,8 +167,9 @@ class AdmissionClient(_Client):
         sleep: Callable[[float], None] = time.sleep,
         random: Callable[[], float] = _random.random,
         new_request_id: Callable[[CommandType], str] = generate_request_id,
+        token: str | None = None,
     ) -> None:
-        super().__init__(namespace, codec, policy, timeout, random, new_request_id)
+        super().__init__(namespace, codec, policy, timeout, random, new_request_id, token)
         self._owned = http_client is None
         self._http = (
             http_client
@@ -240,7 +266,7 @@ class AdmissionClient(_Client):
 
 class AsyncAdmissionClient(_Client):
     """The asynchronous client, on :class:`httpx.AsyncClient`; the same calls and failures as
-    :class:`AdmissionClient`, awaited.  ``sleep`` is awaited between attempts."""
+    :class:`AdmissionClient`, awaited (``token`` too).  ``sleep`` is awaited between attempts."""
 
     def __init__(
         self,
@@ -255,8 +281,9 @@ class AsyncAdmissionClient(_Client):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         random: Callable[[], float] = _random.random,
         new_request_id: Callable[[CommandType], str] = generate_request_id,
+        token: str | None = None,
     ) -> None:
-        super().__init__(namespace, codec, policy, timeout, random, new_request_id)
+        super().__init__(namespace, codec, policy, timeout, random, new_request_id, token)
         self._owned = http_client is None
         self._http = (
             http_client

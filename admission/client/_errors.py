@@ -274,6 +274,18 @@ class TransportFailed(ClientError):
         self.attempts = attempts
 
 
+class AccessDenied(ClientError):
+    """The server refused the caller, before reading the command: nothing was written, nothing retried.
+
+    ``status`` 401 (``reason`` ``unauthenticated``: no token, or one the
+    server does not know) or 403 (``namespace_forbidden``: the token is not
+    granted this namespace).  Retrying cannot succeed until the token or the
+    server's grants change.
+    """
+
+    code: ClassVar[str] = "access_denied"
+
+
 class UnexpectedResponse(ClientError):
     """A response the wire contract does not describe (an unknown route, a body that is not JSON).
 

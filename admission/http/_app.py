@@ -10,7 +10,10 @@ wire contract (``docs/http.md``; contract §2, §4, §7):
   ``.../runs/{run_id}/update/{name}``, with an optional wait for completion;
 - ``GET /api/workflows/{workflow_id}/receipts/{command_type}?request_id=KEY``.
 
-The namespace comes from the ``X-Namespace`` header (default ``default``).
+The namespace comes from the ``X-Namespace`` header (default ``default``),
+percent-encoded UTF-8.  With an ``authorize`` hook, every request is
+authorised before its body is read (``admission.http._auth``): 401 or 403,
+nothing written.
 ``X-Request-Id`` is echoed back as correlation only and never becomes a
 command key (contract §2.7): the key travels in the body's ``request_id``.
 
@@ -37,7 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Annotated, Any, Final, Literal
 
 import anyio
-from fastapi import Body, Depends, FastAPI, Header, Path, Query, Request
+from fastapi import Body, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,8 +56,10 @@ from admission.errors import (
     ReservedRequestIdError,
     StorageError,
 )
+from admission.http._auth import install_gate, request_namespace
 from admission.http._codecs import Codec, default_codecs
 from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
+from admission.http._tokens import DEFAULT_NAMESPACE, NAMESPACE_HEADER, Authorizer
 from admission.intent._keys import normalize_request_id
 from admission.receipts._rules import Admission, Decision
 from admission.receipts._service import AdmissionService
@@ -72,10 +77,6 @@ __all__ = [
     "create_app",
 ]
 
-NAMESPACE_HEADER: Final = "X-Namespace"
-"""The header that names the namespace (the isolation boundary, contract §2.6)."""
-DEFAULT_NAMESPACE: Final = "default"
-"""The namespace of a request without :data:`NAMESPACE_HEADER`."""
 REQUEST_ID_HEADER: Final = "X-Request-Id"
 """The correlation header: echoed unchanged, never a command key (contract §2.7)."""
 MAX_WAIT_SECONDS: Final = 60.0
@@ -146,6 +147,8 @@ class AdmissionAnswer(BaseModel):
 
 _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
     409: {"model": ErrorBody, "description": "Conflict, ambiguity, or refused by run state (contract §4)."},
+    401: {"model": ErrorBody, "description": "No valid bearer token (an app with an authorizer)."},
+    403: {"model": ErrorBody, "description": "The token is not granted this namespace."},
     422: {"model": ErrorBody, "description": "Invalid key or input (nothing written), or a failed update."},
     503: {"model": ErrorBody, "description": "Storage unavailable; retryable."},
 }
@@ -305,7 +308,7 @@ async def _strict_body(request: Request) -> None:
 
 
 # Parameter types, at module level so the framework can resolve them.
-_Namespace = Annotated[str, Header(alias=NAMESPACE_HEADER, description="The namespace (isolation boundary).")]
+_Namespace = Annotated[str, Depends(request_namespace)]
 _WorkflowId = Annotated[str, Path(description="The workflow instance.")]
 _RunId = Annotated[str, Path(description="The selected run (run scope).")]
 _Name = Annotated[str, Path(description="The signal's or update's name.")]
@@ -323,6 +326,7 @@ def create_app(
     poll_interval_seconds: float = 0.02,
     clock: Callable[[], float] = time.monotonic,
     title: str = "admission",
+    authorize: Authorizer | None = None,
 ) -> FastAPI:
     """The ASGI app over ``service``.
 
@@ -333,6 +337,9 @@ def create_app(
     ``"envelope"`` (the envelope as received; docs/http.md).  An update waiting for
     completion re-reads its receipt every ``poll_interval_seconds`` of
     ``clock`` (a monotonic clock, a parameter so tests control it).
+    ``authorize`` is asked before every request is read (``docs/http.md``,
+    "Authentication"): :class:`~admission.http.BearerTokens` is one; without
+    it every caller may act in every namespace.
     """
     if not (math.isfinite(poll_interval_seconds) and poll_interval_seconds > 0):
         raise ValueError("poll_interval_seconds must be a positive number")
@@ -343,7 +350,8 @@ def create_app(
         version=__version__,
         description="Safe retries of signals and updates: command keys, intent digests, retained receipts.",
     )
-    app.add_middleware(_EchoRequestId)
+    install_gate(app, authorize)
+    app.add_middleware(_EchoRequestId)  # added last, so outermost: it echoes the gate's refusals too
 
     def arguments(body: SignalRequest | None) -> object:
         if body is None or body.input is None:

@@ -72,8 +72,14 @@ def test_db_after_the_command_is_the_db_before_it(command: tuple[str, ...]) -> N
 
 @pytest.mark.parametrize(
     "words",
-    [["intent", "--type", "signal", "--name", "n"], ["vectors", "verify"]],
-    ids=["intent", "vectors verify"],
+    [
+        ["intent", "--type", "signal", "--name", "n"],
+        ["vectors", "verify"],
+        ["token", "create", "--name", "n", "--namespace", "a"],
+        ["token", "list"],
+        ["token", "revoke", "--name", "n"],
+    ],
+    ids=["intent", "vectors verify", "token create", "token list", "token revoke"],
 )
 def test_commands_without_a_database_refuse_db_after_them(
     words: list[str], capsys: pytest.CaptureFixture[str]

@@ -734,6 +734,7 @@ def test_the_client_module_pins_its_public_names_and_documents_them() -> None:
 
     assert sorted(module.__all__) == sorted(
         [
+            "AccessDenied",
             "AdmissionClient",
             "AsyncAdmissionClient",
             "ClientError",
