@@ -7,6 +7,7 @@ import json
 import os
 
 from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_service
+from admission.http._limits import DEFAULT_MAX_BODY_BYTES
 
 __all__ = ["add_parser"]
 
@@ -42,6 +43,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
     if not 0 < args.port < 65536:
         raise UsageError("--port", "must be 1 to 65535")
+    if args.max_body_bytes < 1:
+        raise UsageError("--max-body-bytes", f"must be a positive integer, got {args.max_body_bytes}")
     codecs: list[Codec] = [JsonCodec(), CborCodec()]
     aes = _aes_gcm_key()
     if aes is not None:
@@ -54,6 +57,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         service,
         codecs=codecs_from(*codecs),
         store_arguments="envelope" if args.store_envelope else "plaintext",
+        max_body_bytes=args.max_body_bytes,
     )
     # One JSON line saying where it listens, then uvicorn's log on stderr.
     print(
@@ -64,6 +68,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "codecs": [c.name for c in codecs],
                 "aes_gcm_key_id": None if aes is None else aes[1],
                 "stored_arguments": stored,
+                "max_body_bytes": args.max_body_bytes,
             }
         ),
         flush=True,
@@ -86,5 +91,11 @@ def add_parser(commands: Commands) -> None:
         action="store_true",
         help="store each command's input envelope as received (aes-gcm stays encrypted at rest) "
         "instead of the decoded arguments (docs/http.md)",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"refuse a larger request body with 413 (default {DEFAULT_MAX_BODY_BYTES}: 2 MiB)",
     )
     serve.set_defaults(handler=_cmd_serve)

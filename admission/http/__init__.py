@@ -26,6 +26,7 @@ from admission.http._stored import STORE_ARGUMENTS, StoreArguments, open_argumen
 
 if TYPE_CHECKING:
     from admission.http._app import (
+        DEFAULT_MAX_BODY_BYTES,
         DEFAULT_NAMESPACE,
         MAX_WAIT_SECONDS,
         NAMESPACE_HEADER,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 _APP_NAMES = frozenset(
     {
+        "DEFAULT_MAX_BODY_BYTES",
         "DEFAULT_NAMESPACE",
         "MAX_WAIT_SECONDS",
         "NAMESPACE_HEADER",
@@ -65,6 +67,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AES_GCM_NONCE_SIZE",
+    "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_NAMESPACE",
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",

@@ -22,7 +22,9 @@ opens a transaction, so such a 422 (one without ``outcome``) never writes; a
 
 The service is synchronous; it runs in the threadpool.  Waiting for an update
 to complete polls the receipt between short sleeps on the event loop, never
-holding a transaction or a thread while it waits.
+holding a transaction or a thread while it waits.  A request body over
+``max_body_bytes`` is refused with 413 by an ASGI guard below the framework,
+before anything above it holds more than the limit (``_limits``).
 
 Requires the ``http`` extra (FastAPI, uvicorn).
 """
@@ -54,12 +56,14 @@ from admission.errors import (
     StorageError,
 )
 from admission.http._codecs import Codec, default_codecs
+from admission.http._limits import DEFAULT_MAX_BODY_BYTES, BodyLimit, check_max_body_bytes
 from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
 from admission.intent._keys import normalize_request_id
 from admission.receipts._rules import Admission, Decision
 from admission.receipts._service import AdmissionService
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_NAMESPACE",
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",
@@ -147,6 +151,7 @@ class AdmissionAnswer(BaseModel):
 _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
     409: {"model": ErrorBody, "description": "Conflict, ambiguity, or refused by run state (contract §4)."},
     422: {"model": ErrorBody, "description": "Invalid key or input (nothing written), or a failed update."},
+    413: {"model": ErrorBody, "description": "The body is larger than the server's limit; nothing written."},
     503: {"model": ErrorBody, "description": "Storage unavailable; retryable."},
 }
 _ADMIT_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
@@ -323,6 +328,7 @@ def create_app(
     poll_interval_seconds: float = 0.02,
     clock: Callable[[], float] = time.monotonic,
     title: str = "admission",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """The ASGI app over ``service``.
 
@@ -332,10 +338,12 @@ def create_app(
     what the commands table keeps: ``"plaintext"`` (the decoded arguments) or
     ``"envelope"`` (the envelope as received; docs/http.md).  An update waiting for
     completion re-reads its receipt every ``poll_interval_seconds`` of
-    ``clock`` (a monotonic clock, a parameter so tests control it).
+    ``clock`` (a monotonic clock, a parameter so tests control it).  A
+    request body over ``max_body_bytes`` is refused with 413 ``body_too_large``.
     """
     if not (math.isfinite(poll_interval_seconds) and poll_interval_seconds > 0):
         raise ValueError("poll_interval_seconds must be a positive number")
+    check_max_body_bytes(max_body_bytes)
     registry: Mapping[str, Codec] = default_codecs() if codecs is None else codecs
     stored_as = check_store_arguments(store_arguments)
     app = FastAPI(
@@ -343,6 +351,8 @@ def create_app(
         version=__version__,
         description="Safe retries of signals and updates: command keys, intent digests, retained receipts.",
     )
+    # Added first, so it runs inside the echo: a 413 still echoes X-Request-Id.
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.add_middleware(_EchoRequestId)
 
     def arguments(body: SignalRequest | None) -> object:

@@ -22,6 +22,7 @@ PURE_MODULES = {
     "admission.errors",
     "admission.http._codecs",
     "admission.http._stored",
+    "admission.http._limits",
     "admission.intent._encoding",
     "admission.intent._keys",
     "admission.jobs._claims",
