@@ -7,7 +7,7 @@ import json
 import os
 
 from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_service
-from admission.http._limits import DEFAULT_MAX_BODY_BYTES
+from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS
 
 __all__ = ["add_parser"]
 
@@ -43,8 +43,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
     if not 0 < args.port < 65536:
         raise UsageError("--port", "must be 1 to 65535")
-    if args.max_body_bytes < 1:
-        raise UsageError("--max-body-bytes", f"must be a positive integer, got {args.max_body_bytes}")
+    for option, value in (("--max-body-bytes", args.max_body_bytes), ("--max-waits", args.max_waits)):
+        if value < 1:
+            raise UsageError(option, f"must be a positive integer, got {value}")
     codecs: list[Codec] = [JsonCodec(), CborCodec()]
     aes = _aes_gcm_key()
     if aes is not None:
@@ -58,6 +59,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         codecs=codecs_from(*codecs),
         store_arguments="envelope" if args.store_envelope else "plaintext",
         max_body_bytes=args.max_body_bytes,
+        max_waits=args.max_waits,
     )
     # One JSON line saying where it listens, then uvicorn's log on stderr.
     print(
@@ -69,6 +71,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "aes_gcm_key_id": None if aes is None else aes[1],
                 "stored_arguments": stored,
                 "max_body_bytes": args.max_body_bytes,
+                "max_waits": args.max_waits,
             }
         ),
         flush=True,
@@ -97,5 +100,11 @@ def add_parser(commands: Commands) -> None:
         type=int,
         default=DEFAULT_MAX_BODY_BYTES,
         help=f"refuse a larger request body with 413 (default {DEFAULT_MAX_BODY_BYTES}: 2 MiB)",
+    )
+    serve.add_argument(
+        "--max-waits",
+        type=int,
+        default=DEFAULT_MAX_WAITS,
+        help=f"updates waited for at once; one more is refused with a retryable 503 ({DEFAULT_MAX_WAITS})",
     )
     serve.set_defaults(handler=_cmd_serve)

@@ -27,6 +27,7 @@ from admission.http._stored import STORE_ARGUMENTS, StoreArguments, open_argumen
 if TYPE_CHECKING:
     from admission.http._app import (
         DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_WAITS,
         DEFAULT_NAMESPACE,
         MAX_WAIT_SECONDS,
         NAMESPACE_HEADER,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 _APP_NAMES = frozenset(
     {
         "DEFAULT_MAX_BODY_BYTES",
+        "DEFAULT_MAX_WAITS",
         "DEFAULT_NAMESPACE",
         "MAX_WAIT_SECONDS",
         "NAMESPACE_HEADER",
@@ -68,6 +70,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "AES_GCM_NONCE_SIZE",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_WAITS",
     "DEFAULT_NAMESPACE",
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",

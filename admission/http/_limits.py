@@ -1,4 +1,4 @@
-"""The request-body bound: an ASGI guard that holds at most the limit, and answers 413 past it.
+"""The adapter's bounds: on a request body (an ASGI guard that answers 413), and on concurrent waits.
 
 The framework reads a whole body before it parses it; a body of any size
 would be held in memory before its 422.  :class:`BodyLimit` sits below the
@@ -17,7 +17,13 @@ from typing import Any, Final
 
 from admission.intent._encoding import DEFAULT_MAX_SIZE
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "BodyLimit", "check_max_body_bytes"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_WAITS",
+    "BodyLimit",
+    "check_max_body_bytes",
+    "check_max_waits",
+]
 
 DEFAULT_MAX_BODY_BYTES: Final = 2 * DEFAULT_MAX_SIZE
 """The default bound on a request body, in bytes: 2 MiB (2,097,152).
@@ -26,6 +32,8 @@ The largest arguments the encoding accepts are 1 MiB encoded
 (``DEFAULT_MAX_SIZE``); carried as ``cbor`` or ``aes-gcm`` their base64 blob
 is at most 1,398,140 bytes, which leaves about 680 KiB for the envelope
 (``request_id``, member names, the JSON string's own escapes)."""
+DEFAULT_MAX_WAITS: Final = 64
+"""How many updates one app waits for at once unless told otherwise (``_waits``)."""
 
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -38,6 +46,13 @@ def check_max_body_bytes(value: int) -> int:
     """``value`` if it is a usable body limit (a positive ``int``); ``ValueError`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"max_body_bytes must be a positive integer, got {value!r}")
+    return value
+
+
+def check_max_waits(value: int) -> int:
+    """``value`` if it is a usable bound on concurrent waits (a positive ``int``); else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_waits must be a positive integer, got {value!r}")
     return value
 
 

@@ -1,4 +1,4 @@
-"""The HTTP adapter's limits, each shown by the attack it stops: bodies too large.
+"""The HTTP adapter's limits, each shown by the attack it stops: bodies too large, waits left behind.
 
 Most tests drive the ASGI app directly, playing the server: the test decides
 how the body arrives (declared length, chunks, a stream that never ends) and
@@ -18,6 +18,7 @@ import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, MutableMapping
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from admission.cli import main
 from admission.errors import InvalidValueError
 from admission.http import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_WAITS,
     AesGcmCodec,
     CborCodec,
     JsonCodec,
@@ -42,6 +44,7 @@ from admission.http import (
     create_app,
     envelope,
 )
+from admission.http._waits import poll_delays
 from admission.intent import DEFAULT_MAX_SIZE, canonical_encode
 from admission.receipts import AdmissionService, MemoryStore
 from admission.receipts._rules import Admission
@@ -264,6 +267,109 @@ def test_create_app_refuses_a_limit_that_is_not_a_positive_integer() -> None:
     for bad in (0, -1, 1.5, True, None):
         with pytest.raises(ValueError, match="max_body_bytes"):
             create_app(service, max_body_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="max_waits"):
+            create_app(service, max_waits=bad)  # type: ignore[arg-type]
+
+
+# -- waits that end with their caller -----------------------------------------------------------
+
+
+WAITING = {"request_id": "w-1", "wait_for": "completed", "wait_timeout_seconds": 5}
+
+
+def test_a_client_that_leaves_mid_wait_ends_the_wait(backend: Backend) -> None:
+    app = create_app(backend.service)
+    request = Exchange("/api/workflows/wf-1/update/approve", [json.dumps(WAITING).encode()])
+    seen: dict[str, int] = {}
+
+    async def scenario() -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(request.run, app)
+            while backend.service.reads < 1:  # the update is admitted and its wait has read once
+                await anyio.sleep(0.005)
+            seen["active"] = app.state.waits.active
+            seen["reads"] = backend.service.reads
+            request.leave()
+
+    anyio.run(scenario)
+    assert seen["active"] == 1
+    # At most the read already under way when the client left; the wait had up to 5 s to go.
+    assert backend.service.reads - seen["reads"] <= 1
+    assert app.state.waits.active == 0
+    receipt = backend.service.receipt(NS, "wf-1", "update", "w-1")
+    assert receipt is not None and receipt.outcome == "accepted"  # admitted: a retry finds it
+
+
+def test_a_wait_backs_off_between_reads(backend: Backend) -> None:
+    app = create_app(backend.service)
+    timeout = 1.0
+    request = exchange(
+        app,
+        "/api/workflows/wf-1/update/approve",
+        [json.dumps({**WAITING, "wait_timeout_seconds": timeout}).encode()],
+    )
+    assert request.status == 202 and request.json()["outcome"] == "accepted"
+    # A read follows each delay that starts before the deadline: 20, 40, 80, 160, 320 ms, then one
+    # cut short by the deadline, where a fixed 20 ms would read 50 times.
+    starts = accumulate(poll_delays(0.02), initial=0.0)
+    bound = sum(1 for _ in iter(lambda: next(starts) < timeout, False))
+    assert bound == 6
+    # One read of slack for a timer that wakes a hair early.
+    assert 1 <= backend.service.reads - 1 <= bound + 1  # minus the admission's own read, if any
+
+
+def test_waits_past_the_bound_are_refused_503_retryable_and_write_nothing(backend: Backend) -> None:
+    backend.service.start_run(NS, "wf-2")
+    app = create_app(backend.service, max_waits=2)
+    answers: dict[str, httpx.Response] = {}
+
+    async def post(client: httpx.AsyncClient, name: str, body: dict[str, object]) -> None:
+        answers[name] = await client.post(
+            "/api/workflows/wf-1/update/approve", json=body, headers={"X-Namespace": NS}
+        )
+
+    def receipt(key: str) -> Admission | None:
+        return backend.service.receipt(NS, "wf-1", "update", key)
+
+    async def scenario() -> None:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            async with anyio.create_task_group() as group:
+                for key in ("w-1", "w-2"):
+                    group.start_soon(
+                        post, client, key, {**WAITING, "request_id": key, "wait_timeout_seconds": 30}
+                    )
+                while app.state.waits.active < 2 or receipt("w-1") is None or receipt("w-2") is None:
+                    await anyio.sleep(0.005)
+                before = backend.written()
+                await post(client, "w-3", {**WAITING, "request_id": "w-3"})
+                assert_unchanged(backend, before)
+                # An update that does not wait needs no slot.
+                await post(client, "w-4", {"request_id": "w-4"})
+                for key in ("w-1", "w-2"):
+                    found = receipt(key)
+                    assert found is not None and found.update_id is not None
+                    await anyio.to_thread.run_sync(
+                        backend.service.complete_update, NS, "wf-1", found.update_id, key
+                    )
+            assert app.state.waits.active == 0
+            await post(client, "w-3 again", {**WAITING, "request_id": "w-3", "wait_timeout_seconds": 0.05})
+
+    anyio.run(scenario)
+    refused = answers["w-3"]
+    body = refused.json()
+    assert refused.status_code == 503
+    assert (body["reason"], body["retryable"], body["max_waits"]) == ("too_many_waits", True, 2)
+    assert refused.headers["retry-after"] == "1"
+    assert answers["w-4"].status_code == 202
+    assert [answers[k].status_code for k in ("w-1", "w-2")] == [200, 200]
+    assert answers["w-3 again"].status_code == 202 and answers["w-3 again"].json()["retained"] is False
+    assert app.state.waits.active == 0 and app.state.waits.limit == 2
+
+
+def test_the_default_bound_on_waits_is_64() -> None:
+    app = create_app(AdmissionService(MemoryStore()))
+    assert app.state.waits.limit == DEFAULT_MAX_WAITS == 64
 
 
 # -- admission serve, with 1 GiB streamed at it ---------------------------------------------------
@@ -383,8 +489,8 @@ def test_admission_serve_refuses_a_1_gib_stream_with_bounded_memory(tmp_path: Pa
 
 def test_admission_serve_announces_and_applies_its_limits(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path)
-    with serving(url, "--max-body-bytes", "4096") as (port, _, announced):
-        assert announced["max_body_bytes"] == 4096
+    with serving(url, "--max-body-bytes", "4096", "--max-waits", "3") as (port, _, announced):
+        assert (announced["max_body_bytes"], announced["max_waits"]) == (4096, 3)
         big = httpx.post(
             f"http://127.0.0.1:{port}/api/workflows/wf-1/signal/go",
             content=b" " * 4097,
@@ -398,8 +504,8 @@ def test_admission_serve_announces_and_applies_its_limits(tmp_path: Path) -> Non
     ("option", "value", "message"),
     [
         ("--max-body-bytes", "0", "--max-body-bytes: must be a positive integer, got 0"),
-        ("--max-body-bytes", "-2", "--max-body-bytes: must be a positive integer, got -2"),
-        ("--max-body-bytes", "many", "argument --max-body-bytes: invalid int value: 'many'"),
+        ("--max-waits", "-2", "--max-waits: must be a positive integer, got -2"),
+        ("--max-waits", "many", "argument --max-waits: invalid int value: 'many'"),
     ],
 )
 def test_admission_serve_refuses_a_limit_that_is_not_positive_before_listening(
