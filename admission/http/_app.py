@@ -33,7 +33,6 @@ Requires the ``http`` extra (FastAPI, uvicorn).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -59,7 +58,7 @@ from admission.errors import (
 from admission.http._codecs import Codec, default_codecs
 from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS, BodyLimit, check_max_body_bytes
 from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
-from admission.http._waits import WaitSlots, poll_delays, wait_until
+from admission.http._waits import WaitSlots, poll_delays, too_many_waits, wait_for_completion
 from admission.intent._keys import normalize_request_id
 from admission.receipts._rules import Admission, Decision
 from admission.receipts._service import AdmissionService
@@ -228,17 +227,6 @@ def _error(status: int, reason: str, message: str, **extra: object) -> JSONRespo
     return JSONResponse(body, status_code=status)
 
 
-def _too_many_waits(limit: int) -> JSONResponse:
-    response = _error(
-        503,
-        "too_many_waits",
-        f"the server already waits for {limit} updates; nothing was recorded, retry with the same key",
-        max_waits=limit,
-    )
-    response.headers["Retry-After"] = "1"
-    return response
-
-
 def _field_of(loc: tuple[int | str, ...]) -> str:
     # ("body", "input", "blob") -> "input.blob"; ("path", "workflow_id") -> "workflow_id";
     # ("body",) -> "body"; the header's alias as sent.
@@ -312,7 +300,8 @@ def _refuse_constant(name: str) -> float:
 
 async def _strict_body(request: Request) -> None:
     # The framework's JSON parser keeps the last of duplicate keys and accepts
-    # NaN; a body whose meaning depends on that is refused instead.
+    # NaN; a body whose meaning depends on that is refused instead.  The body
+    # is parsed twice, here and by the framework; BodyLimit bounds both.
     raw = await request.body()
     if raw.strip():
         try:
@@ -395,51 +384,32 @@ def create_app(
         key = normalize_request_id(None if body is None else body.request_id)
         values = arguments(body)
         call = service.admit_signal if command_type == "signal" else service.admit_update
-        waiting = (
-            isinstance(body, UpdateRequest)
-            and body.wait_for == "completed"
-            and body.wait_timeout_seconds > 0
-            and key is not None
-        )
+        wait_seconds = 0.0
+        if isinstance(body, UpdateRequest) and body.wait_for == "completed" and key is not None:
+            wait_seconds = body.wait_timeout_seconds
+        waiting = wait_seconds > 0
         # The slot is taken before the admission, so a refusal writes nothing;
         # the retry, with the same key, is then admitted as if for the first time.
         if waiting and not waits.try_acquire():
-            return _too_many_waits(waits.limit)
+            return too_many_waits(waits.limit)
         try:
             answer: Admission = await run_in_threadpool(
                 lambda: call(namespace, workflow_id, name, values, request_id=key, run_id=run_id)
             )
             if waiting and key is not None and answer.outcome == "accepted":
-                assert isinstance(body, UpdateRequest)
-                receive = None if request is None else request.receive
-                answer = await wait_for_completion(answer, key, body.wait_timeout_seconds, receive)
+                answer = await wait_for_completion(
+                    service,
+                    answer,
+                    key,
+                    timeout=wait_seconds,
+                    receive=None if request is None else request.receive,
+                    delays=poll_delays(poll_interval_seconds),
+                    clock=clock,
+                )
         finally:
             if waiting:
                 waits.release()
         return _respond(answer)
-
-    async def wait_for_completion(
-        answer: Admission, key: str, timeout: float, receive: Callable[[], Awaitable[Any]] | None
-    ) -> Admission:
-        async def poll() -> Admission | None:
-            now = await run_in_threadpool(
-                service.receipt, answer.namespace, answer.workflow_id, "update", key
-            )
-            if now is not None and now.command_id == answer.command_id and now.outcome != "accepted":
-                # The admission's own answer (fresh stays fresh), with the state it reached.
-                return dataclasses.replace(
-                    answer,
-                    outcome=now.outcome,
-                    update_status=now.update_status,
-                    result=now.result,
-                    failure=now.failure,
-                )
-            return None
-
-        done = await wait_until(
-            poll, receive, timeout=timeout, delays=poll_delays(poll_interval_seconds), clock=clock
-        )
-        return answer if done is None else done
 
     strict = [Depends(_strict_body)]
 

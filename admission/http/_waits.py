@@ -15,14 +15,26 @@ waits cheap (docs/http.md, "Waiting for completion"):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any, Final, TypeVar
 
 import anyio
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import JSONResponse
 
 from admission.http._limits import DEFAULT_MAX_WAITS, check_max_waits
+from admission.receipts._rules import Admission
+from admission.receipts._service import AdmissionService
 
-__all__ = ["MAX_POLL_INTERVAL_SECONDS", "WaitSlots", "poll_delays", "wait_until"]
+__all__ = [
+    "MAX_POLL_INTERVAL_SECONDS",
+    "WaitSlots",
+    "poll_delays",
+    "too_many_waits",
+    "wait_for_completion",
+    "wait_until",
+]
 
 MAX_POLL_INTERVAL_SECONDS: Final = 0.5
 """The longest delay between two reads of a waited-for receipt (unless the first is longer)."""
@@ -105,3 +117,47 @@ async def wait_until(
                 break
         group.cancel_scope.cancel()
     return found
+
+
+async def wait_for_completion(
+    service: AdmissionService,
+    answer: Admission,
+    key: str,
+    *,
+    timeout: float,
+    receive: _Receive | None,
+    delays: Iterator[float],
+    clock: Callable[[], float],
+) -> Admission:
+    """``answer``, an accepted update, as it stands when it completes or fails; else unchanged.
+
+    Unchanged when ``timeout`` passes first or the client leaves.  Each read
+    runs in the threadpool and holds no transaction between reads.
+    """
+
+    async def poll() -> Admission | None:
+        now = await run_in_threadpool(service.receipt, answer.namespace, answer.workflow_id, "update", key)
+        if now is not None and now.command_id == answer.command_id and now.outcome != "accepted":
+            # The admission's own answer (fresh stays fresh), with the state it reached.
+            return dataclasses.replace(
+                answer,
+                outcome=now.outcome,
+                update_status=now.update_status,
+                result=now.result,
+                failure=now.failure,
+            )
+        return None
+
+    done = await wait_until(poll, receive, timeout=timeout, delays=delays, clock=clock)
+    return answer if done is None else done
+
+
+def too_many_waits(limit: int) -> JSONResponse:
+    """The 503 for a request that would wait past ``limit``: retryable, and nothing was written."""
+    body = {
+        "reason": "too_many_waits",
+        "message": f"the server already waits for {limit} updates; nothing was recorded, retry later",
+        "max_waits": limit,
+        "retryable": True,
+    }
+    return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
