@@ -15,9 +15,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -298,6 +300,45 @@ def test_a_client_that_leaves_mid_wait_ends_the_wait(backend: Backend) -> None:
     assert app.state.waits.active == 0
     receipt = backend.service.receipt(NS, "wf-1", "update", "w-1")
     assert receipt is not None and receipt.outcome == "accepted"  # admitted: a retry finds it
+
+
+def test_a_client_that_closes_its_socket_mid_wait_ends_the_wait_under_uvicorn() -> None:
+    # The same, through a real server: uvicorn tells the app of the closed socket.
+    service = CountingService(MemoryStore())
+    service.start_run(NS, "wf-1")
+    app = create_app(service)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda: server.started)
+        body = json.dumps({**WAITING, "wait_timeout_seconds": 60}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            client.sendall(
+                b"POST /api/workflows/wf-1/update/approve HTTP/1.1\r\nHost: test\r\n"
+                b"Content-Type: application/json\r\nX-Namespace: " + NS.encode() + b"\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            until(lambda: service.reads >= 1 and app.state.waits.active == 1)
+        # The socket is closed; the wait had a minute to go.
+        until(lambda: app.state.waits.active == 0)
+        assert app.state.waits.active == 0
+        reads = service.reads
+        # Longer than the longest delay between reads: a wait left running would read again.
+        until(lambda: service.reads > reads, rounds=60)
+        assert service.reads == reads
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def until(condition: Callable[[], bool], rounds: int = 3000) -> None:
+    """Wait for ``condition``, checking every 10 ms, at most ``rounds`` times; no assertion on time."""
+    for _ in range(rounds):
+        if condition():
+            return
+        time.sleep(0.01)
 
 
 def test_a_wait_backs_off_between_reads(backend: Backend) -> None:
