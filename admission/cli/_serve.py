@@ -15,6 +15,7 @@ import os
 from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_service
 from admission.cli._token import ENV_TOKENS, load_tokens
 from admission.http import BearerTokens, StoreArguments
+from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS
 
 __all__ = ["add_parser"]
 
@@ -77,6 +78,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("serve", f"needs the http extra: pip install 'admission[http]' ({exc})") from None
     if not 0 < args.port < 65536:
         raise UsageError("--port", "must be 1 to 65535")
+    for option, value in (("--max-body-bytes", args.max_body_bytes), ("--max-waits", args.max_waits)):
+        if value < 1:
+            raise UsageError(option, f"must be a positive integer, got {value}")
     tokens = _authorizer(args)
     codecs: list[Codec] = [JsonCodec(), CborCodec()]
     aes = _aes_gcm_key()
@@ -86,7 +90,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     service = open_service(args)
     stored: StoreArguments = "envelope" if args.store_envelope else "plaintext"
-    app = create_app(service, codecs=codecs_from(*codecs), store_arguments=stored, authorize=tokens)
+    app = create_app(
+        service,
+        codecs=codecs_from(*codecs),
+        store_arguments=stored,
+        authorize=tokens,
+        max_body_bytes=args.max_body_bytes,
+        max_waits=args.max_waits,
+    )
     # One JSON line saying where it listens, then uvicorn's log on stderr.
     print(
         json.dumps(
@@ -98,6 +109,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "stored_arguments": stored,
                 "auth": "none" if tokens is None else "bearer-tokens",
                 "tokens": None if tokens is None else len(tokens.grants),
+                "max_body_bytes": args.max_body_bytes,
+                "max_waits": args.max_waits,
             }
         ),
         flush=True,
@@ -131,5 +144,17 @@ def add_parser(commands: Commands) -> None:
         "--insecure-no-auth",
         action="store_true",
         help="serve a non-loopback --host without tokens: anyone who reaches it acts in every namespace",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help=f"refuse a larger request body with 413 (default {DEFAULT_MAX_BODY_BYTES}: 2 MiB)",
+    )
+    serve.add_argument(
+        "--max-waits",
+        type=int,
+        default=DEFAULT_MAX_WAITS,
+        help=f"updates waited for at once; one more is refused with a retryable 503 ({DEFAULT_MAX_WAITS})",
     )
     serve.set_defaults(handler=_cmd_serve)

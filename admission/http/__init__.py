@@ -48,6 +48,9 @@ from admission.http._tokens import (
 
 if TYPE_CHECKING:
     from admission.http._app import (
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_MAX_WAITS,
+        DEFAULT_NAMESPACE,
         MAX_WAIT_SECONDS,
         REQUEST_ID_HEADER,
         AdmissionAnswer,
@@ -61,6 +64,9 @@ if TYPE_CHECKING:
 
 _APP_NAMES = frozenset(
     {
+        "DEFAULT_MAX_BODY_BYTES",
+        "DEFAULT_MAX_WAITS",
+        "DEFAULT_NAMESPACE",
         "MAX_WAIT_SECONDS",
         "REQUEST_ID_HEADER",
         "AdmissionAnswer",
@@ -89,6 +95,8 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AES_GCM_NONCE_SIZE",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_WAITS",
     "DEFAULT_NAMESPACE",
     "MAX_TOKEN_FILE_BYTES",
     "MAX_WAIT_SECONDS",

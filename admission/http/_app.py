@@ -24,22 +24,24 @@ opens a transaction, so such a 422 (one without ``outcome``) never writes; a
 422 that carries an admission's ``outcome`` is an answer (a failed update).
 
 The service is synchronous; it runs in the threadpool.  Waiting for an update
-to complete polls the receipt between short sleeps on the event loop, never
-holding a transaction or a thread while it waits.
+to complete polls the receipt between sleeps on the event loop that double up
+to a cap, never holding a transaction or a thread while it waits; the wait
+ends when the client goes, and an app holds at most ``max_waits`` at once
+(``_waits``).  A request body over ``max_body_bytes`` is refused with 413 by
+an ASGI guard below the framework, before anything above it holds more than
+the limit (``_limits``).
 
 Requires the ``http`` extra (FastAPI, uvicorn).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Annotated, Any, Final, Literal
 
-import anyio
 from fastapi import Body, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -58,13 +60,17 @@ from admission.errors import (
 )
 from admission.http._auth import install_gate, request_namespace
 from admission.http._codecs import Codec, default_codecs
+from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS, BodyLimit, check_max_body_bytes
 from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
 from admission.http._tokens import DEFAULT_NAMESPACE, NAMESPACE_HEADER, Authorizer
+from admission.http._waits import WaitSlots, poll_delays, too_many_waits, wait_for_completion
 from admission.intent._keys import normalize_request_id
 from admission.receipts._rules import Admission, Decision
 from admission.receipts._service import AdmissionService
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_WAITS",
     "DEFAULT_NAMESPACE",
     "MAX_WAIT_SECONDS",
     "NAMESPACE_HEADER",
@@ -150,7 +156,8 @@ _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
     401: {"model": ErrorBody, "description": "No valid bearer token (an app with an authorizer)."},
     403: {"model": ErrorBody, "description": "The token is not granted this namespace."},
     422: {"model": ErrorBody, "description": "Invalid key or input (nothing written), or a failed update."},
-    503: {"model": ErrorBody, "description": "Storage unavailable; retryable."},
+    413: {"model": ErrorBody, "description": "The body is larger than the server's limit; nothing written."},
+    503: {"model": ErrorBody, "description": "Storage unavailable, or too many waits; retryable."},
 }
 _ADMIT_RESPONSES: Final[dict[int | str, dict[str, Any]]] = {
     200: {"model": AdmissionAnswer, "description": "A completed update."},
@@ -296,7 +303,8 @@ def _refuse_constant(name: str) -> float:
 
 async def _strict_body(request: Request) -> None:
     # The framework's JSON parser keeps the last of duplicate keys and accepts
-    # NaN; a body whose meaning depends on that is refused instead.
+    # NaN; a body whose meaning depends on that is refused instead.  The body
+    # is parsed twice, here and by the framework; BodyLimit bounds both.
     raw = await request.body()
     if raw.strip():
         try:
@@ -327,6 +335,8 @@ def create_app(
     clock: Callable[[], float] = time.monotonic,
     title: str = "admission",
     authorize: Authorizer | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_waits: int = DEFAULT_MAX_WAITS,
 ) -> FastAPI:
     """The ASGI app over ``service``.
 
@@ -335,14 +345,21 @@ def create_app(
     the application's key to accept encrypted input).  ``store_arguments`` is
     what the commands table keeps: ``"plaintext"`` (the decoded arguments) or
     ``"envelope"`` (the envelope as received; docs/http.md).  An update waiting for
-    completion re-reads its receipt every ``poll_interval_seconds`` of
-    ``clock`` (a monotonic clock, a parameter so tests control it).
+    completion re-reads its receipt after ``poll_interval_seconds``, then after
+    delays that double up to half a second, until its deadline on ``clock``
+    (a monotonic clock, a parameter so tests control it) or until its client
+    disconnects.  At most ``max_waits`` requests wait at once (the count is
+    ``app.state.waits.active``); one more is refused with 503
+    ``too_many_waits`` before it is admitted.  A request body over
+    ``max_body_bytes`` is refused with 413 ``body_too_large``.
     ``authorize`` is asked before every request is read (``docs/http.md``,
     "Authentication"): :class:`~admission.http.BearerTokens` is one; without
     it every caller may act in every namespace.
     """
     if not (math.isfinite(poll_interval_seconds) and poll_interval_seconds > 0):
         raise ValueError("poll_interval_seconds must be a positive number")
+    check_max_body_bytes(max_body_bytes)
+    waits = WaitSlots(max_waits)
     registry: Mapping[str, Codec] = default_codecs() if codecs is None else codecs
     stored_as = check_store_arguments(store_arguments)
     app = FastAPI(
@@ -350,6 +367,10 @@ def create_app(
         version=__version__,
         description="Safe retries of signals and updates: command keys, intent digests, retained receipts.",
     )
+    app.state.waits = waits
+    # Added first, so innermost: the gate's 401 comes before a body is read, and a
+    # 413 still echoes X-Request-Id.
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     install_gate(app, authorize)
     app.add_middleware(_EchoRequestId)  # added last, so outermost: it echoes the gate's refusals too
 
@@ -365,41 +386,39 @@ def create_app(
         name: str,
         run_id: str | None,
         body: SignalRequest | None,
+        request: Request | None = None,
     ) -> JSONResponse:
         # Decoding and key normalisation happen before the service is called;
         # the service validates the rest before it opens a transaction.
         key = normalize_request_id(None if body is None else body.request_id)
         values = arguments(body)
         call = service.admit_signal if command_type == "signal" else service.admit_update
-        answer: Admission = await run_in_threadpool(
-            lambda: call(namespace, workflow_id, name, values, request_id=key, run_id=run_id)
-        )
-        if (
-            isinstance(body, UpdateRequest)
-            and body.wait_for == "completed"
-            and key is not None
-            and answer.outcome == "accepted"
-        ):
-            answer = await wait_for_completion(answer, key, body.wait_timeout_seconds)
-        return _respond(answer)
-
-    async def wait_for_completion(answer: Admission, key: str, timeout: float) -> Admission:
-        deadline = clock() + timeout
-        while clock() < deadline:
-            await anyio.sleep(min(poll_interval_seconds, max(0.0, deadline - clock())))
-            now = await run_in_threadpool(
-                service.receipt, answer.namespace, answer.workflow_id, "update", key
+        wait_seconds = 0.0
+        if isinstance(body, UpdateRequest) and body.wait_for == "completed" and key is not None:
+            wait_seconds = body.wait_timeout_seconds
+        waiting = wait_seconds > 0
+        # The slot is taken before the admission, so a refusal writes nothing;
+        # the retry, with the same key, is then admitted as if for the first time.
+        if waiting and not waits.try_acquire():
+            return too_many_waits(waits.limit)
+        try:
+            answer: Admission = await run_in_threadpool(
+                lambda: call(namespace, workflow_id, name, values, request_id=key, run_id=run_id)
             )
-            if now is not None and now.command_id == answer.command_id and now.outcome != "accepted":
-                # The admission's own answer (fresh stays fresh), with the state it reached.
-                return dataclasses.replace(
+            if waiting and key is not None and answer.outcome == "accepted":
+                answer = await wait_for_completion(
+                    service,
                     answer,
-                    outcome=now.outcome,
-                    update_status=now.update_status,
-                    result=now.result,
-                    failure=now.failure,
+                    key,
+                    timeout=wait_seconds,
+                    receive=None if request is None else request.receive,
+                    delays=poll_delays(poll_interval_seconds),
+                    clock=clock,
                 )
-        return answer
+        finally:
+            if waiting:
+                waits.release()
+        return _respond(answer)
 
     strict = [Depends(_strict_body)]
 
@@ -444,10 +463,11 @@ def create_app(
     async def update_instance(
         workflow_id: _WorkflowId,
         name: _Name,
+        request: Request,
         body: _UpdateBody = None,
         x_namespace: _Namespace = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
-        return await admit("update", x_namespace, workflow_id, name, None, body)
+        return await admit("update", x_namespace, workflow_id, name, None, body, request)
 
     @app.post(
         "/api/workflows/{workflow_id}/runs/{run_id}/update/{name}",
@@ -460,10 +480,11 @@ def create_app(
         workflow_id: _WorkflowId,
         run_id: _RunId,
         name: _Name,
+        request: Request,
         body: _UpdateBody = None,
         x_namespace: _Namespace = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
-        return await admit("update", x_namespace, workflow_id, name, run_id, body)
+        return await admit("update", x_namespace, workflow_id, name, run_id, body, request)
 
     @app.get(
         "/api/workflows/{workflow_id}/receipts/{command_type}",

@@ -23,6 +23,7 @@ PURE_MODULES = {
     "admission.http._codecs",
     "admission.http._stored",
     "admission.http._tokens",
+    "admission.http._limits",
     "admission.intent._encoding",
     "admission.intent._keys",
     "admission.jobs._claims",

@@ -53,6 +53,8 @@ def test_the_http_face_is_pinned() -> None:
     assert sorted(admission.http.__all__) == sorted(
         [
             "AES_GCM_NONCE_SIZE",
+            "DEFAULT_MAX_BODY_BYTES",
+            "DEFAULT_MAX_WAITS",
             "DEFAULT_NAMESPACE",
             "MAX_TOKEN_FILE_BYTES",
             "MAX_WAIT_SECONDS",
