@@ -41,7 +41,7 @@ from admission.receipts._answers import (
     context_of,
     stored_receipt,
 )
-from admission.receipts._retention import prune_chain
+from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_chain, prune_cutoff
 from admission.receipts._rules import (
     CLOSE_EVENTS,
     Admission,
@@ -61,6 +61,8 @@ DEFAULT_RETENTION_DAYS: Final = 30
 """Receipts live as long as their run's history: 30 days after closure by default (contract §5)."""
 MAX_IDENTIFIER_LENGTH: Final = 255
 MAX_FAILURE_LENGTH: Final = 2048
+MAX_DAYS: Final = timedelta.max.days
+"""The longest retention :class:`~datetime.timedelta` can hold, in days."""
 
 
 def utc_now() -> datetime:
@@ -404,34 +406,62 @@ class AdmissionService:
         batch_size: int = 100,
         dry_run: bool = False,
         progress: Callable[[PruneReport], None] | None = None,
+        max_clock_lead: timedelta | None = DEFAULT_MAX_CLOCK_LEAD,
     ) -> PruneReport:
         """Remove the history and receipts of runs closed more than ``retention_days`` ago.
 
         A chain of runs linked by continue-as-new goes as a whole, once its
-        last run closed before the cutoff (a command handed to a successor
-        lives with it); refusals recorded while an instance had no run go
-        once they are older than the cutoff.  Each chain is pruned in its own
-        transaction under its instance's lock and recorded as a
-        ``RunsPruned`` event; afterwards its keys are free (contract §5).
-        ``progress`` is called after every ``batch_size`` chains.  With
-        ``dry_run`` every deletion is made and rolled back, so the counts are
-        exact and nothing changes.
+        last run has closed and the latest time recorded on any of its rows
+        (start, close, commands, updates, events) is older than the cutoff (a
+        command handed to a successor lives with it); refusals recorded while
+        an instance had no run go once they are older than the cutoff.  Each
+        chain is pruned in its own transaction under its instance's lock and
+        recorded as a ``RunsPruned`` event; afterwards its keys are free
+        (contract §5).  ``progress`` is called after every ``batch_size``
+        chains.  With ``dry_run`` every deletion is made and rolled back, so
+        the counts are exact and nothing changes.
+
+        ``now`` (default: the clock) more than ``max_clock_lead`` ahead of the
+        newest time the store has recorded is capped at that time plus the
+        lead, and the report says so (``clock_capped``): a clock stepped
+        forward must not drop receipts whose retention has not passed.
+        ``None`` turns the cap off.
         """
-        if type(retention_days) is not int or retention_days < 0:
-            raise InvalidValueError("must be an int >= 0", field="retention_days", path="")
+        if type(retention_days) is not int or not 0 <= retention_days <= MAX_DAYS:
+            raise InvalidValueError(f"must be an int from 0 to {MAX_DAYS}", field="retention_days", path="")
         if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
             raise InvalidValueError("must be an int from 1 to 100000", field="batch_size", path="")
+        if max_clock_lead is not None and (
+            not isinstance(max_clock_lead, timedelta) or max_clock_lead < timedelta(0)
+        ):
+            raise InvalidValueError("must be a timedelta >= 0, or None", field="max_clock_lead", path="")
         now = self._clock() if now is None else now
-        before = now - timedelta(days=retention_days)
-        targets = self.store.prune_targets(before)
-        report = PruneReport(before, retention_days, dry_run, len(targets), 0, PruneCounts())
+        if not isinstance(now, datetime) or now.utcoffset() is None:
+            raise InvalidValueError("must be a timezone-aware datetime", field="now", path="")
+        cutoff = prune_cutoff(
+            now,
+            timedelta(days=retention_days),
+            self.store.newest_time() if max_clock_lead is not None else None,
+            max_clock_lead,
+        )
+        targets = self.store.prune_targets(cutoff.before)
+        report = PruneReport(
+            cutoff.before,
+            retention_days,
+            dry_run,
+            len(targets),
+            0,
+            PruneCounts(),
+            as_of=cutoff.as_of,
+            clock_capped=cutoff.capped,
+        )
         for start in range(0, len(targets), batch_size):
             for target in targets[start : start + batch_size]:
                 report = replace(
                     report,
                     done=report.done + 1,
                     counts=report.counts
-                    + prune_chain(self.store, target, before, now, new_id=self._new_id(), dry_run=dry_run),
+                    + prune_chain(self.store, target, cutoff, new_id=self._new_id(), dry_run=dry_run),
                 )
             if progress is not None:
                 progress(report)

@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 
 from admission.errors import InvalidValueError
-from admission.receipts import AdmissionService, Decision, EventCursor, Store
+from admission.receipts import AdmissionService, Decision, EventCursor, PruneCounts, Store
 from admission.sql import SqlStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+# Most tests here let weeks pass with nothing written, as in an idle store:
+# pruning's cap on a clock far ahead of the newest recorded time (tested
+# under "clock faults" below) would hold them back, so they turn it off.
+IDLE = None
 
 
 class Clock:
@@ -52,7 +56,7 @@ def test_pruning_frees_the_keys_of_runs_closed_longer_ago_than_the_retention(
     clock.now += timedelta(days=29)
     service.close_run("ns", "recent", "completed")
     clock.now += timedelta(days=2)  # "old" closed 31 days ago, "recent" 2 days ago
-    report = service.prune(30)
+    report = service.prune(30, max_clock_lead=IDLE)
     assert (report.counts.runs, report.counts.commands, report.counts.updates) == (1, 1, 1)
     assert keys_of(service, "ns", "old") == ["RunsPruned"]
     assert service.receipt("ns", "old", "update", "k") is None
@@ -70,13 +74,15 @@ def test_a_chain_of_continued_runs_is_kept_while_its_last_run_is_recent(
     handed = service.admit_signal("ns", "wf", "s", [], request_id="handed")
     service.continue_as_new("ns", "wf")
     clock.now += timedelta(days=40)
-    assert service.prune(30).counts.runs == 0  # the first run closed 40 days ago, its successor is open
+    assert (
+        service.prune(30, max_clock_lead=IDLE).counts.runs == 0
+    )  # the first run closed 40 days ago, its successor is open
     service.close_run("ns", "wf", "completed")
     clock.now += timedelta(days=10)
-    assert service.prune(30).counts.runs == 0
+    assert service.prune(30, max_clock_lead=IDLE).counts.runs == 0
     assert service.admit_signal("ns", "wf", "s", [], request_id="handed").command_id == handed.command_id
     clock.now += timedelta(days=21)
-    report = service.prune(30)
+    report = service.prune(30, max_clock_lead=IDLE)
     assert report.counts.runs == 2 and report.chains == 1
     assert service.receipt("ns", "wf", "signal", "handed") is None
 
@@ -85,7 +91,7 @@ def test_refusals_without_a_run_are_pruned_by_their_age(service: AdmissionServic
     refused = service.admit_signal("ns", "never-started", "s", [], request_id="k")
     assert refused.outcome == "run_not_active"
     clock.now += timedelta(days=31)
-    report = service.prune(30)
+    report = service.prune(30, max_clock_lead=IDLE)
     assert report.counts.commands == 1
     assert service.receipt("ns", "never-started", "signal", "k") is None
 
@@ -97,9 +103,9 @@ def test_dry_run_counts_exactly_and_changes_nothing(service: AdmissionService, c
         service.close_run("ns", f"wf{i}", "failed")
     clock.now += timedelta(days=31)
     before = service.store.read_events(EventCursor(), 1000)
-    dry = service.prune(30, dry_run=True, batch_size=2)
+    dry = service.prune(30, dry_run=True, batch_size=2, max_clock_lead=IDLE)
     assert service.store.read_events(EventCursor(), 1000) == before
-    real = service.prune(30)
+    real = service.prune(30, max_clock_lead=IDLE)
     assert (dry.counts, dry.chains) == (real.counts, real.chains) and real.counts.runs == 5
 
 
@@ -109,7 +115,7 @@ def test_progress_is_reported_per_batch(service: AdmissionService, clock: Clock)
         service.close_run("ns", f"wf{i}", "completed")
     clock.now += timedelta(days=31)
     seen: list[int] = []
-    service.prune(30, batch_size=2, progress=lambda r: seen.append(r.done))
+    service.prune(30, batch_size=2, max_clock_lead=IDLE, progress=lambda r: seen.append(r.done))
     assert seen == [2, 4, 5]
 
 
@@ -119,7 +125,7 @@ def test_pruning_never_crosses_a_namespace(service: AdmissionService, clock: Clo
         service.admit_signal(namespace, "wf", "s", [], request_id="k")
     service.close_run("a", "wf", "completed")
     clock.now += timedelta(days=31)
-    service.prune(30)
+    service.prune(30, max_clock_lead=IDLE)
     assert service.receipt("a", "wf", "signal", "k") is None
     assert service.receipt("b", "wf", "signal", "k") is not None
     assert keys_of(service, "b", "wf") == ["RunStarted", "SignalReceived"]
@@ -132,7 +138,7 @@ def test_positions_are_never_reused_after_pruning_the_newest_events(
     service.close_run("ns", "wf", "completed")
     last = service.store.read_events(EventCursor(), 100)[-1].position
     clock.now += timedelta(days=31)
-    service.prune(30)
+    service.prune(30, max_clock_lead=IDLE)
     service.start_run("ns", "wf")
     assert min(e.position for e in service.store.read_events(EventCursor(), 100)) > last
 
@@ -157,10 +163,12 @@ def test_the_cli_prunes_with_a_dry_run_and_progress(db_url: str, tmp_path: Path)
         service.close_run("ns", f"wf{i}", "completed")
     store.dispose()
     later = (T0 + timedelta(days=40)).isoformat()
+    # The store is idle for 40 days: the clock cap is lifted (see the clock faults below).
+    idle = ("--now", later, "--max-clock-lead-days", "100")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "admission", "--db", db_url, "prune", "--now", later, *args],
+            [sys.executable, "-m", "admission", "--db", db_url, "prune", *idle, *args],
             capture_output=True,
             text=True,
             timeout=120,
@@ -172,3 +180,155 @@ def test_the_cli_prunes_with_a_dry_run_and_progress(db_url: str, tmp_path: Path)
     real = cli()
     assert json.loads(real.stdout)["runs"] == 3 and json.loads(cli().stdout)["runs"] == 0
     assert cli("--now", "yesterday").returncode == 2
+
+
+# -- clock faults: a clock stepped back or forward never drops a receipt early ------------------
+
+
+def test_a_clock_stepped_back_while_a_run_closes_never_makes_it_prunable_early(
+    service: AdmissionService, clock: Clock
+) -> None:
+    service.start_run("ns", "wf")
+    signal = service.admit_signal("ns", "wf", "s", [], request_id="k")
+    update = service.admit_update("ns", "wf", "u", [], request_id="k")
+    right = clock.now
+    clock.now = right - timedelta(days=400)  # the wall clock steps back while the run closes
+    closed = service.close_run("ns", "wf", "completed")
+    assert closed.closed_at is not None and closed.closed_at >= update.received_at
+    clock.now = right  # ... and is corrected
+    report = service.prune(30)
+    assert report.counts == PruneCounts() and report.chains == 0
+    kept = service.receipt("ns", "wf", "signal", "k")
+    assert kept is not None and kept.command_id == signal.command_id
+    # The store goes on working, and 31 days after the run's last time the run goes.
+    clock.now = right + timedelta(days=31)
+    service.start_run("ns", "busy")
+    assert service.prune(30).counts.runs == 1
+    assert service.receipt("ns", "wf", "signal", "k") is None
+
+
+def test_a_refusal_recorded_after_the_close_keeps_the_run_as_long_as_itself(
+    service: AdmissionService, clock: Clock
+) -> None:
+    service.start_run("ns", "wf")
+    service.close_run("ns", "wf", "completed")
+    clock.now += timedelta(days=20)
+    late = service.admit_signal("ns", "wf", "s", [], request_id="late")  # recorded with the closed run
+    assert late.outcome == "run_not_active"
+    clock.now += timedelta(days=11)  # the close is 31 days old, the refusal 11
+    assert service.prune(30, max_clock_lead=IDLE).counts.runs == 0
+    assert service.receipt("ns", "wf", "signal", "late") is not None
+    clock.now += timedelta(days=20)
+    assert service.prune(30, max_clock_lead=IDLE).counts == PruneCounts(1, 1, 0, 3)
+    assert service.receipt("ns", "wf", "signal", "late") is None
+
+
+def test_a_clock_stepped_forward_at_prune_time_is_capped_at_the_newest_recorded_time(
+    service: AdmissionService, clock: Clock
+) -> None:
+    service.start_run("ns", "wf")
+    service.admit_signal("ns", "wf", "s", [], request_id="k")
+    closed = service.close_run("ns", "wf", "completed")
+    assert closed.closed_at is not None
+    clock.now += timedelta(days=400)  # the wall clock jumps 400 days ahead
+    for _ in range(3):  # again and again: the cap does not creep forward
+        report = service.prune(30)
+        assert report.counts == PruneCounts() and report.clock_capped
+        assert report.as_of == closed.closed_at + timedelta(days=1)
+        assert report.before == closed.closed_at + timedelta(days=1) - timedelta(days=30)
+    assert service.receipt("ns", "wf", "signal", "k") is not None
+    assert report.to_dict()["clock_capped"] is True
+    # Within the allowed lead the clock is taken as it is.
+    assert not service.prune(30, now=closed.closed_at + timedelta(hours=23)).clock_capped
+    # An operator who knows the store was idle lifts the cap; the pruning is
+    # recorded at the time given, since it was asked for.
+    lifted = service.prune(30, max_clock_lead=timedelta(days=401))
+    assert lifted.counts.runs == 1 and not lifted.clock_capped and lifted.as_of == clock.now
+    assert service.receipt("ns", "wf", "signal", "k") is None
+
+
+def test_a_clock_stepped_back_at_prune_time_prunes_nothing_more(
+    service: AdmissionService, clock: Clock
+) -> None:
+    service.start_run("ns", "wf")
+    service.close_run("ns", "wf", "completed")
+    clock.now += timedelta(days=31)
+    service.start_run("ns", "busy")
+    report = service.prune(30, now=clock.now - timedelta(days=400))
+    assert report.counts == PruneCounts() and not report.clock_capped
+    assert service.prune(30).counts.runs == 1
+
+
+def test_continue_as_new_under_a_clock_stepped_back_starts_the_successor_after_the_last_time(
+    service: AdmissionService, clock: Clock
+) -> None:
+    service.start_run("ns", "wf")
+    handed = service.admit_signal("ns", "wf", "s", [], request_id="k")
+    clock.now -= timedelta(days=400)
+    successor = service.continue_as_new("ns", "wf")
+    assert successor.started_at >= handed.received_at
+    times = [e.recorded_at for e in service.history("ns", "wf")]
+    assert times == sorted(times)
+    clock.now += timedelta(days=400 + 31)
+    service.close_run("ns", "wf", "completed")
+    assert service.prune(30, max_clock_lead=IDLE).counts.runs == 0  # the chain closed just now
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"retention_days": 10**10}, "retention_days"),
+        ({"now": datetime(2026, 1, 1)}, "now"),  # a naive time
+        ({"max_clock_lead": timedelta(days=-1)}, "max_clock_lead"),
+        ({"max_clock_lead": 1}, "max_clock_lead"),
+    ],
+)
+def test_bad_clock_arguments_to_prune_are_refused_by_field(
+    service: AdmissionService, kwargs: dict[str, object], field: str
+) -> None:
+    service.start_run("ns", "wf")
+    service.close_run("ns", "wf", "completed")
+    before = service.history("ns", "wf")
+    with pytest.raises(InvalidValueError) as info:
+        service.prune(**kwargs)  # type: ignore[arg-type]
+    assert info.value.field == field
+    assert service.history("ns", "wf") == before
+
+
+def test_a_retention_longer_than_the_calendar_reaches_prunes_nothing(service: AdmissionService) -> None:
+    service.start_run("ns", "wf")
+    service.close_run("ns", "wf", "completed")
+    report = service.prune(999_999_999)
+    assert report.counts == PruneCounts() and report.before.year == 1
+
+
+def test_the_cli_prune_keeps_a_receipt_through_clock_faults(db_url: str) -> None:
+    clock = Clock()
+    store = SqlStore.open(db_url)
+    service = AdmissionService(store, clock=clock)
+    service.start_run("ns", "wf")
+    service.admit_signal("ns", "wf", "s", [], request_id="k")
+    right = clock.now
+    clock.now = right - timedelta(days=400)
+    service.close_run("ns", "wf", "completed")  # closed under a clock stepped back
+    store.dispose()
+
+    def prune(now: datetime, *args: str) -> tuple[int, dict[str, object], str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "admission", "--db", db_url, "prune", "--now", now.isoformat(), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert "Traceback" not in done.stderr
+        return done.returncode, json.loads(done.stdout) if done.stdout else {}, done.stderr
+
+    code, report, _ = prune(right + timedelta(seconds=5))  # the clock corrected
+    assert (code, report["runs"], report["clock_capped"]) == (0, 0, False)
+    code, report, err = prune(right + timedelta(days=400))  # the clock stepped forward
+    assert (code, report["runs"], report["clock_capped"]) == (0, 0, True)
+    assert "warning: the clock is more than 1 day ahead" in err
+    code, report, _ = prune(right + timedelta(days=400), "--max-clock-lead-days", "500")
+    assert (code, report["runs"], report["clock_capped"]) == (0, 1, False)
+    code, _, err = prune(right, "--max-clock-lead-days", "-1")
+    assert code == 2 and err.count("\n") == 1 and "--max-clock-lead-days" in err
