@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, update
 
 from admission.errors import InvalidValueError
-from admission.receipts import AdmissionService, Decision, EventCursor, PruneCounts, Store
+from admission.receipts import AdmissionService, Decision, EventCursor, MemoryStore, PruneCounts, Store
 from admission.sql import SqlStore
+from admission.sql._schema import (
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_runs,
+    workflow_updates,
+)
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 # Most tests here let weeks pass with nothing written, as in an idle store:
@@ -216,7 +229,8 @@ def test_a_refusal_recorded_after_the_close_keeps_the_run_as_long_as_itself(
     late = service.admit_signal("ns", "wf", "s", [], request_id="late")  # recorded with the closed run
     assert late.outcome == "run_not_active"
     clock.now += timedelta(days=11)  # the close is 31 days old, the refusal 11
-    assert service.prune(30, max_clock_lead=IDLE).counts.runs == 0
+    report = service.prune(30, max_clock_lead=IDLE)
+    assert (report.chains, report.counts) == (0, PruneCounts())
     assert service.receipt("ns", "wf", "signal", "late") is not None
     clock.now += timedelta(days=20)
     assert service.prune(30, max_clock_lead=IDLE).counts == PruneCounts(1, 1, 0, 3)
@@ -332,3 +346,164 @@ def test_the_cli_prune_keeps_a_receipt_through_clock_faults(db_url: str) -> None
     assert (code, report["runs"], report["clock_capped"]) == (0, 1, False)
     code, _, err = prune(right, "--max-clock-lead-days", "-1")
     assert code == 2 and err.count("\n") == 1 and "--max-clock-lead-days" in err
+
+
+# -- the rule over any sequence of clock readings ------------------------------------------------
+
+# Clock readings around a base: steps back and forward by up to 400 days, and
+# the boundaries of a 0, 1 or 30 day retention.
+OFFSETS = st.builds(
+    lambda days, seconds: timedelta(days=days, seconds=seconds),
+    st.sampled_from((-400, -31, -30, -1, 0, 0, 1, 2, 29, 30, 31, 400)),
+    st.integers(min_value=-2, max_value=2),
+)
+STEPS = st.lists(
+    st.tuples(
+        OFFSETS,
+        st.one_of(
+            st.tuples(st.just("start"), st.integers(0, 1)),
+            st.tuples(st.just("admit"), st.integers(0, 1)),
+            st.tuples(st.just("close"), st.integers(0, 1), st.booleans()),
+            st.tuples(st.just("prune"), st.sampled_from((0, 1, 30)), st.sampled_from((None, 0, 1))),
+        ),
+    ),
+    max_size=14,
+)
+_bases = itertools.count()
+
+
+@dataclass(eq=False)
+class ModelRun:
+    """What the test knows of a run: the run it continues, and the latest time recorded on its rows."""
+
+    wf: int
+    id: str
+    latest: datetime
+    previous: ModelRun | None = None
+    open: bool = True
+    continued: bool = False
+    keys: list[str] = field(default_factory=list)
+
+
+def wipe(store: Store) -> None:
+    """Empty a SQL store's receipt tables, so each example starts from nothing."""
+    if isinstance(store, SqlStore):
+        with store.engine.begin() as conn:
+            for table in (workflow_history_events, workflow_updates, workflow_commands):
+                conn.execute(delete(table))
+            conn.execute(update(workflow_instances).values(current_run_id=None))
+            conn.execute(delete(workflow_runs))
+            conn.execute(delete(workflow_instances))
+
+
+def test_a_receipt_is_pruned_only_once_the_retention_has_passed_since_its_latest_recorded_time(
+    store: Store,
+) -> None:
+    """Over any sequence of clock readings, stepped back or forward: pruning removes a
+    receipt exactly when ``as_of - latest recorded time of its chain > retention``, where
+    ``as_of`` is the reading, capped at the newest recorded time plus the lead; so never
+    before the retention has passed since its latest recorded time on a clock that
+    never went backwards overall (as_of is never later than the reading)."""
+    # The in-memory store is cheap: it explores most; the SQL stores check they agree.
+    examples = 400 if isinstance(store, MemoryStore) else 40
+
+    @settings(max_examples=examples, deadline=None)
+    @given(steps=STEPS)
+    def check(steps: list[tuple[timedelta, tuple[Any, ...]]]) -> None:
+        replay(store, steps)
+
+    check()
+
+
+def replay(store: Store, steps: list[tuple[timedelta, tuple[Any, ...]]]) -> None:
+    """One example of the property above: the steps, each checked against the model."""
+    wipe(store)
+    base = T0 + timedelta(days=1000 * next(_bases))
+    now = base
+    service = AdmissionService(store if isinstance(store, SqlStore) else MemoryStore(), clock=lambda: now)
+    current: dict[int, ModelRun | None] = {}
+    ended: list[ModelRun] = []  # the ends of closed chains still stored
+    runless: dict[int, list[tuple[str, datetime]]] = {0: [], 1: []}
+    gone: set[str] = set()
+    newest: datetime | None = None
+    keys = itertools.count()
+
+    def chain(run: ModelRun) -> list[ModelRun]:
+        return [run, *chain(run.previous)] if run.previous is not None else [run]
+
+    def record(time: datetime) -> None:
+        nonlocal newest
+        newest = time if newest is None else max(newest, time)
+
+    for offset, (op, *args) in steps:
+        now = base + offset
+        if op == "start":
+            run = current.get(args[0])
+            if run is not None and run.open:
+                continue
+            info = service.start_run("ns", f"wf{args[0]}")
+            current[args[0]] = ModelRun(args[0], info.run_id, now)
+            record(now)
+        elif op == "admit":
+            key = f"k{next(keys)}"
+            service.admit_signal("ns", f"wf{args[0]}", "s", [], request_id=key)
+            run = current.get(args[0])
+            if run is None:
+                runless[args[0]].append((key, now))
+            else:  # admitted, or refused with the closed current run
+                run.latest = max(run.latest, now)
+                run.keys.append(key)
+            record(now)
+        elif op == "close":
+            run = current.get(args[0])
+            if run is None or not run.open:
+                continue
+            info = (
+                service.continue_as_new("ns", f"wf{args[0]}")
+                if args[1]
+                else service.close_run("ns", f"wf{args[0]}", "completed")
+            )
+            at = max([now, *(r.latest for r in chain(run))])
+            assert (info.started_at if args[1] else info.closed_at) == at  # never before the latest
+            run.open, run.continued, run.latest = False, bool(args[1]), at
+            if args[1]:
+                current[args[0]] = ModelRun(args[0], info.run_id, at, previous=run)
+            else:
+                ended.append(run)
+            record(at)
+        else:
+            retention, lead_days = timedelta(days=args[0]), args[1]
+            lead = None if lead_days is None else timedelta(days=lead_days)
+            capped = lead is not None and newest is not None and now - newest > lead
+            as_of = newest + lead if capped and newest is not None and lead is not None else now
+            report = service.prune(args[0], max_clock_lead=lead)
+            assert (report.as_of, report.clock_capped) == (as_of, capped)
+            assert report.as_of <= now  # never judged later than the reading
+            targets = runs = 0
+            for run in list(ended):
+                latest = max(r.latest for r in chain(run))
+                if as_of - retention > latest:
+                    assert now - latest > retention
+                    gone.update(k for r in chain(run) for k in r.keys)
+                    ended.remove(run)
+                    targets, runs = targets + 1, runs + len(chain(run))
+                    current.update({wf: None for wf, c in current.items() if c is run})
+            for wf, refusals in runless.items():
+                old = [(k, t) for k, t in refusals if t < as_of - retention]
+                gone.update(k for k, _ in old)
+                runless[wf] = [r for r in refusals if r not in old]
+                targets += bool(old)
+            assert (report.chains, report.counts.runs) == (targets, runs)
+            pruned = targets > 0
+            if pruned:
+                record(newest if capped and newest is not None else now)
+        live = [(wf, k) for wf, refusals in runless.items() for k, _ in refusals]
+        for wf, run in current.items():
+            if run is not None and run.open:
+                live += [(wf, k) for r in chain(run) for k in r.keys]
+        for run in ended:
+            live += [(run.wf, k) for r in chain(run) for k in r.keys]
+        for wf, key in live:
+            assert service.receipt("ns", f"wf{wf}", "signal", key) is not None, key
+        for key in gone:
+            assert all(service.receipt("ns", f"wf{wf}", "signal", key) is None for wf in (0, 1)), key
