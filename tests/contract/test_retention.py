@@ -207,7 +207,8 @@ def test_a_clock_stepped_back_while_a_run_closes_never_makes_it_prunable_early(
     right = clock.now
     clock.now = right - timedelta(days=400)  # the wall clock steps back while the run closes
     closed = service.close_run("ns", "wf", "completed")
-    assert closed.closed_at is not None and closed.closed_at >= update.received_at
+    assert closed.closed_at is not None and update.received_at is not None
+    assert closed.closed_at >= update.received_at
     clock.now = right  # ... and is corrected
     report = service.prune(30)
     assert report.counts == PruneCounts() and report.chains == 0
@@ -280,7 +281,7 @@ def test_continue_as_new_under_a_clock_stepped_back_starts_the_successor_after_t
     handed = service.admit_signal("ns", "wf", "s", [], request_id="k")
     clock.now -= timedelta(days=400)
     successor = service.continue_as_new("ns", "wf")
-    assert successor.started_at >= handed.received_at
+    assert handed.received_at is not None and successor.started_at >= handed.received_at
     times = [e.recorded_at for e in service.history("ns", "wf")]
     assert times == sorted(times)
     clock.now += timedelta(days=400 + 31)
@@ -478,7 +479,7 @@ def replay(store: Store, steps: list[tuple[timedelta, tuple[Any, ...]]]) -> None
             as_of = newest + lead if capped and newest is not None and lead is not None else now
             report = service.prune(args[0], max_clock_lead=lead)
             assert (report.as_of, report.clock_capped) == (as_of, capped)
-            assert report.as_of <= now  # never judged later than the reading
+            assert report.as_of is not None and report.as_of <= now  # never later than the reading
             targets = runs = 0
             for run in list(ended):
                 latest = max(r.latest for r in chain(run))
