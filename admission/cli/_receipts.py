@@ -21,8 +21,7 @@ from admission.cli._common import (
     typed_input,
 )
 from admission.receipts import Admission, Decision
-from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD
-from admission.receipts._service import MAX_DAYS
+from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, MAX_DAYS
 
 if TYPE_CHECKING:
     from admission.receipts import PruneReport

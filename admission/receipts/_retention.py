@@ -18,18 +18,32 @@ Pure: no I/O, no clock, no SQLAlchemy (the store does the deleting).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from admission.errors import InvalidValueError
+from admission.receipts._answers import PruneReport
 from admission.receipts._lifecycle import append_event
 from admission.receipts._rules import RunStatus
 from admission.receipts._store import LockedInstance, PruneCounts, PruneTarget, Store
 
-__all__ = ["DEFAULT_MAX_CLOCK_LEAD", "Cutoff", "expired_chain", "prune_chain", "prune_cutoff"]
+__all__ = [
+    "DEFAULT_MAX_CLOCK_LEAD",
+    "MAX_DAYS",
+    "Cutoff",
+    "expired_chain",
+    "prune_all",
+    "prune_chain",
+    "prune_cutoff",
+]
 
 DEFAULT_MAX_CLOCK_LEAD: Final = timedelta(days=1)
 """How far pruning's ``now`` may run ahead of the newest time the store recorded before it is capped."""
+
+MAX_DAYS: Final = timedelta.max.days
+"""The longest retention (or clock lead) a :class:`~datetime.timedelta` holds, in days."""
 
 _EARLIEST: Final = datetime.min.replace(tzinfo=UTC)
 
@@ -133,3 +147,48 @@ def prune_chain(
             return counts
     except _DryRun as rolled_back:
         return rolled_back.counts
+
+
+def prune_all(
+    store: Store,
+    retention_days: int,
+    now: datetime,
+    *,
+    batch_size: int,
+    dry_run: bool,
+    progress: Callable[[PruneReport], None] | None,
+    max_clock_lead: timedelta | None,
+    new_id: Callable[[], str],
+) -> PruneReport:
+    """:meth:`AdmissionService.prune <admission.receipts.AdmissionService.prune>`: check
+    the arguments (bad ones write nothing), take the cutoff, prune every target."""
+    if type(retention_days) is not int or not 0 <= retention_days <= MAX_DAYS:
+        raise InvalidValueError(f"must be an int from 0 to {MAX_DAYS}", field="retention_days", path="")
+    if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
+        raise InvalidValueError("must be an int from 1 to 100000", field="batch_size", path="")
+    if max_clock_lead is not None and (
+        not isinstance(max_clock_lead, timedelta) or max_clock_lead < timedelta(0)
+    ):
+        raise InvalidValueError("must be a timedelta >= 0, or None", field="max_clock_lead", path="")
+    if not isinstance(now, datetime) or now.utcoffset() is None:
+        raise InvalidValueError("must be a timezone-aware datetime", field="now", path="")
+    newest = store.newest_time() if max_clock_lead is not None else None
+    cutoff = prune_cutoff(now, timedelta(days=retention_days), newest, max_clock_lead)
+    targets = store.prune_targets(cutoff.before)
+    report = PruneReport(
+        cutoff.before,
+        retention_days,
+        dry_run,
+        len(targets),
+        0,
+        PruneCounts(),
+        as_of=cutoff.as_of,
+        clock_capped=cutoff.capped,
+    )
+    for start in range(0, len(targets), batch_size):
+        for target in targets[start : start + batch_size]:
+            counts = prune_chain(store, target, cutoff, new_id=new_id(), dry_run=dry_run)
+            report = replace(report, done=report.done + 1, counts=report.counts + counts)
+        if progress is not None:
+            progress(report)
+    return report

@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -41,7 +40,7 @@ from admission.receipts._answers import (
     context_of,
     stored_receipt,
 )
-from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_chain, prune_cutoff
+from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_all
 from admission.receipts._rules import (
     CLOSE_EVENTS,
     Admission,
@@ -53,7 +52,7 @@ from admission.receipts._rules import (
     select_receipt,
 )
 from admission.receipts._sealed import intent_and_stored
-from admission.receipts._store import CommandRow, LockedInstance, PruneCounts, Store
+from admission.receipts._store import CommandRow, LockedInstance, Store
 
 __all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "utc_now"]
 
@@ -61,8 +60,6 @@ DEFAULT_RETENTION_DAYS: Final = 30
 """Receipts live as long as their run's history: 30 days after closure by default (contract §5)."""
 MAX_IDENTIFIER_LENGTH: Final = 255
 MAX_FAILURE_LENGTH: Final = 2048
-MAX_DAYS: Final = timedelta.max.days
-"""The longest retention :class:`~datetime.timedelta` can hold, in days."""
 
 
 def utc_now() -> datetime:
@@ -427,45 +424,16 @@ class AdmissionService:
         forward must not drop receipts whose retention has not passed.
         ``None`` turns the cap off.
         """
-        if type(retention_days) is not int or not 0 <= retention_days <= MAX_DAYS:
-            raise InvalidValueError(f"must be an int from 0 to {MAX_DAYS}", field="retention_days", path="")
-        if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
-            raise InvalidValueError("must be an int from 1 to 100000", field="batch_size", path="")
-        if max_clock_lead is not None and (
-            not isinstance(max_clock_lead, timedelta) or max_clock_lead < timedelta(0)
-        ):
-            raise InvalidValueError("must be a timedelta >= 0, or None", field="max_clock_lead", path="")
-        now = self._clock() if now is None else now
-        if not isinstance(now, datetime) or now.utcoffset() is None:
-            raise InvalidValueError("must be a timezone-aware datetime", field="now", path="")
-        cutoff = prune_cutoff(
-            now,
-            timedelta(days=retention_days),
-            self.store.newest_time() if max_clock_lead is not None else None,
-            max_clock_lead,
-        )
-        targets = self.store.prune_targets(cutoff.before)
-        report = PruneReport(
-            cutoff.before,
+        return prune_all(
+            self.store,
             retention_days,
-            dry_run,
-            len(targets),
-            0,
-            PruneCounts(),
-            as_of=cutoff.as_of,
-            clock_capped=cutoff.capped,
+            self._clock() if now is None else now,
+            batch_size=batch_size,
+            dry_run=dry_run,
+            progress=progress,
+            max_clock_lead=max_clock_lead,
+            new_id=self._new_id,
         )
-        for start in range(0, len(targets), batch_size):
-            for target in targets[start : start + batch_size]:
-                report = replace(
-                    report,
-                    done=report.done + 1,
-                    counts=report.counts
-                    + prune_chain(self.store, target, cutoff, new_id=self._new_id(), dry_run=dry_run),
-                )
-            if progress is not None:
-                progress(report)
-        return report
 
     # -- reading ------------------------------------------------------------------------
 

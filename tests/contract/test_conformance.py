@@ -12,8 +12,10 @@ tables; after every step the event log of the instances the step addressed
 (and of one more, in turn) must equal the model's, event for event.
 
 Retention follows the "Retention" section of ``docs/lifecycle.md``: a chain
-goes as a whole once its last run closed more than ``retention_days`` before
-``now`` (exactly that long ago: kept), refusals recorded while an instance
+goes as a whole once its last run closed and the latest time recorded on its
+rows (the close, or a refusal recorded with its last run after it) is more
+than ``retention_days`` before ``now`` (exactly that long ago: kept; the
+machine's clock is right, so it turns the clock cap off), refusals recorded while an instance
 had no run go once older than the cutoff, and each pruning leaves one
 ``RunsPruned`` event, outside any run.  Where neither document decides, the
 model follows what the service does and says so: run numbering after every
