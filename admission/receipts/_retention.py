@@ -37,6 +37,7 @@ __all__ = [
     "prune_all",
     "prune_chain",
     "prune_cutoff",
+    "utc_clock",
 ]
 
 DEFAULT_MAX_CLOCK_LEAD: Final = timedelta(days=1)
@@ -46,6 +47,25 @@ MAX_DAYS: Final = timedelta.max.days
 """The longest retention (or clock lead) a :class:`~datetime.timedelta` holds, in days."""
 
 _EARLIEST: Final = datetime.min.replace(tzinfo=UTC)
+
+
+def utc_clock(clock: Callable[[], datetime]) -> Callable[[], datetime]:
+    """``clock`` with every reading checked and taken to UTC.
+
+    A reading in another zone is the same instant, but SQLite keeps a time's
+    wall-clock digits without their offset: stored as read, a clock ten
+    hours behind UTC would make every receipt look ten hours older there
+    than on PostgreSQL or in memory, and be pruned that much early.  A naive
+    reading is refused (it names no instant), before anything is written.
+    """
+
+    def read() -> datetime:
+        now = clock()
+        if not isinstance(now, datetime) or now.utcoffset() is None:
+            raise InvalidValueError("must return timezone-aware datetimes", field="clock", path="")
+        return now.astimezone(UTC)
+
+    return read
 
 
 @dataclass(frozen=True)
@@ -172,6 +192,7 @@ def prune_all(
         raise InvalidValueError("must be a timedelta >= 0, or None", field="max_clock_lead", path="")
     if not isinstance(now, datetime) or now.utcoffset() is None:
         raise InvalidValueError("must be a timezone-aware datetime", field="now", path="")
+    now = now.astimezone(UTC)
     newest = store.newest_time() if max_clock_lead is not None else None
     cutoff = prune_cutoff(now, timedelta(days=retention_days), newest, max_clock_lead)
     targets = store.prune_targets(cutoff.before)

@@ -40,7 +40,7 @@ from admission.receipts._answers import (
     context_of,
     stored_receipt,
 )
-from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_all
+from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_all, utc_clock
 from admission.receipts._rules import (
     CLOSE_EVENTS,
     Admission,
@@ -90,7 +90,7 @@ def _identifier(value: object, field: str) -> str:
 class AdmissionService:
     """Admits signals and updates with command keys, on any :class:`Store`.
 
-    ``clock`` returns timezone-aware datetimes; ``new_id`` fresh identifiers;
+    ``clock`` returns timezone-aware datetimes (kept in UTC); ``new_id`` fresh identifiers;
     ``max_size`` bounds the encoded arguments and results.  Arguments given as
     :class:`~admission.receipts.SealedArguments` are digested by their plaintext and stored sealed.
     """
@@ -104,7 +104,7 @@ class AdmissionService:
         max_size: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self.store = store
-        self._clock = clock
+        self._clock = utc_clock(clock)
         self._new_id = new_id
         self._max_size = max_size
 

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -508,3 +508,29 @@ def replay(store: Store, steps: list[tuple[timedelta, tuple[Any, ...]]]) -> None
             assert service.receipt("ns", f"wf{wf}", "signal", key) is not None, key
         for key in gone:
             assert all(service.receipt("ns", f"wf{wf}", "signal", key) is None for wf in (0, 1)), key
+
+
+def test_a_clock_in_another_zone_keeps_the_same_instants_on_every_backend(store: Store) -> None:
+    behind = timezone(timedelta(hours=-10))
+    now = [datetime(2026, 1, 1, 2, tzinfo=behind)]  # 12:00 UTC
+    service = AdmissionService(store, clock=lambda: now[0])
+    run = service.start_run("ns", "wf")
+    signal = service.admit_signal("ns", "wf", "s", [], request_id="k")
+    closed = service.close_run("ns", "wf", "completed")
+    noon = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    assert run.started_at == signal.received_at == closed.closed_at == noon
+    assert {e.recorded_at for e in service.history("ns", "wf")} == {noon}
+    assert all(e.recorded_at.utcoffset() == timedelta(0) for e in service.history("ns", "wf"))
+    # 30 days later minus one second by the same zone's clock: not yet, on every backend.
+    now[0] += timedelta(days=30, seconds=-1)
+    assert service.prune(30, max_clock_lead=IDLE).counts.runs == 0
+    now[0] += timedelta(seconds=2)
+    assert service.prune(30, max_clock_lead=IDLE).counts.runs == 1
+
+
+def test_a_clock_that_returns_a_naive_time_is_refused_before_anything_is_written(store: Store) -> None:
+    service = AdmissionService(store, clock=lambda: datetime(2026, 1, 1))  # naive: no instant
+    with pytest.raises(InvalidValueError) as info:
+        service.start_run("ns", "wf")
+    assert info.value.field == "clock"
+    assert store.find_instance("ns", "wf") is None
