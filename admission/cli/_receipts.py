@@ -21,6 +21,7 @@ from admission.cli._common import (
     typed_input,
 )
 from admission.receipts import Admission, Decision
+from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, MAX_DAYS
 
 if TYPE_CHECKING:
     from admission.receipts import PruneReport
@@ -98,7 +99,11 @@ def _cmd_history(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
-    from datetime import datetime
+    from datetime import datetime, timedelta
+
+    for flag, days in (("--retention-days", args.retention_days), ("--max-clock-lead-days", args.lead)):
+        if not 0 <= days <= MAX_DAYS:
+            raise UsageError(flag, f"give a number of days from 0 to {MAX_DAYS}")
 
     now = None
     if args.now is not None:
@@ -122,10 +127,23 @@ def _cmd_prune(args: argparse.Namespace) -> int:
         )
 
     report = open_service(args).prune(
-        args.retention_days, now=now, batch_size=args.batch_size, dry_run=args.dry_run, progress=show
+        args.retention_days,
+        now=now,
+        batch_size=args.batch_size,
+        dry_run=args.dry_run,
+        progress=show,
+        max_clock_lead=timedelta(days=args.lead),
     )
     if sys.stderr.isatty() and report.chains:
         print(file=sys.stderr)
+    if report.clock_capped and report.as_of is not None:
+        # Not a failure: pruning went ahead, as of the capped time.
+        print(
+            f"warning: the clock is more than {args.lead} day{'' if args.lead == 1 else 's'} ahead of "
+            "the newest time the store "
+            f"recorded; pruned as of {report.as_of.isoformat()} (see --max-clock-lead-days)",
+            file=sys.stderr,
+        )
     print_json(report.to_dict())
     return EXIT_OK
 
@@ -179,4 +197,12 @@ def add_parser(commands: Commands) -> None:
     prune.add_argument("--dry-run", action="store_true", help="count what would go; change nothing")
     prune.add_argument("--batch-size", type=int, default=100, help="targets between progress reports (100)")
     prune.add_argument("--now", help="prune as of this ISO 8601 time instead of the clock")
+    prune.add_argument(
+        "--max-clock-lead-days",
+        dest="lead",
+        type=int,
+        default=DEFAULT_MAX_CLOCK_LEAD.days,
+        help="cap the clock (or --now) at this many days after the newest recorded time "
+        f"({DEFAULT_MAX_CLOCK_LEAD.days})",
+    )
     prune.set_defaults(handler=_cmd_prune)

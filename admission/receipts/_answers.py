@@ -85,11 +85,17 @@ class PruneReport:
     chains: int
     done: int
     counts: PruneCounts
+    as_of: datetime | None = None
+    """The time pruning took as now: the caller's, or the capped one (``clock_capped``)."""
+    clock_capped: bool = False
+    """Whether ``now`` ran too far ahead of the store's newest recorded time and was capped."""
 
     def to_dict(self) -> dict[str, object]:
         """The JSON form."""
         return {
             "before": self.before.isoformat(),
+            "as_of": None if self.as_of is None else self.as_of.isoformat(),
+            "clock_capped": self.clock_capped,
             "retention_days": self.retention_days,
             "dry_run": self.dry_run,
             "targets": self.chains,

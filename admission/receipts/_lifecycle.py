@@ -35,7 +35,9 @@ __all__ = [
     "admitted",
     "append_event",
     "apply_signal",
+    "chain_of",
     "close_run",
+    "close_time",
     "command_of",
     "finish_update",
     "pending",
@@ -77,9 +79,8 @@ def command_of(tx: LockedInstance, command_id: str) -> CommandRow:
     return row
 
 
-def pending(tx: LockedInstance, current: RunRow) -> list[tuple[CommandRow, UpdateRow | None]]:
-    """Commands the current run still has to apply: its own, and instance-scope
-    ones handed down from the runs it continues (contract §5)."""
+def chain_of(tx: LockedInstance, current: RunRow) -> list[str]:
+    """``current`` and the runs it continues, newest first."""
     chain = [current.id]
     run = current
     while run.continued_from_run_id is not None:
@@ -88,11 +89,32 @@ def pending(tx: LockedInstance, current: RunRow) -> list[tuple[CommandRow, Updat
             break
         chain.append(previous.id)
         run = previous
+    return chain
+
+
+def pending(
+    tx: LockedInstance, current: RunRow, chain: list[str] | None = None
+) -> list[tuple[CommandRow, UpdateRow | None]]:
+    """Commands the current run still has to apply: its own, and instance-scope
+    ones handed down from the runs it continues (contract §5)."""
     return [
         (command, update)
-        for command, update in tx.pending_commands(chain)
+        for command, update in tx.pending_commands(chain_of(tx, current) if chain is None else chain)
         if command.run_id == current.id or command.target_scope == "instance"
     ]
+
+
+def close_time(tx: LockedInstance, chain: list[str], now: datetime) -> datetime:
+    """When a run closes: ``now``, or, if the clock reads earlier, the latest time
+    already recorded on the chain's rows.
+
+    A close is never recorded before the run's start, its commands or any
+    other time written for it: retention counts from the latest of them, and
+    a clock that stepped back during the close must not make the run look
+    older than it is (docs/lifecycle.md, "Clock faults").
+    """
+    latest = tx.latest_time(chain)
+    return now if latest is None or latest <= now else latest
 
 
 def admitted(
@@ -171,7 +193,11 @@ def close_run(
             reason="run_not_active",
             run_id=run_id,
         )
-    waiting = pending(tx, current)
+    chain = chain_of(tx, current)
+    # Everything the close writes (the close, the pending commands it ends,
+    # the successor's start and the handoffs) carries the same, clamped time.
+    now = close_time(tx, chain, now)
+    waiting = pending(tx, current, chain)
     # Pending commands that cannot follow a successor close with their
     # run, before it closes; their receipts stay as they were (§5).
     for command, update in waiting:

@@ -11,7 +11,7 @@ Pure: no SQLAlchemy, no clock, no I/O.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -157,6 +157,12 @@ class _MemoryLocked:
         }
         return self._delete(set(), commands, set(), lambda e: e.run_id is None and e.command_id in commands)
 
+    def latest_time(self, run_ids: Sequence[str]) -> datetime | None:
+        latest = run_latest_times(
+            self._t, set(run_ids) & {r.id for r in self._t.runs.values() if r.instance_id == self._id}
+        )
+        return max(latest.values(), default=None)
+
     def _delete(
         self, runs: set[str], commands: set[str], updates: set[str], event_matches: Callable[[EventRow], bool]
     ) -> PruneCounts:
@@ -244,31 +250,73 @@ class MemoryStore:
             return [e for e in self._tables.events if EventCursor(e.tx_id, e.position) > after][:limit]
 
     def prune_targets(self, before: datetime) -> list[PruneTarget]:
-        """Chains whose last run closed before ``before``, and instances with old run-less refusals."""
+        """Closed chains whose latest recorded time is before ``before``, and instances
+        with old run-less refusals."""
         with self._lock:
-            return expired_targets(
-                self._tables.instances.values(),
-                self._tables.runs.values(),
-                [c for c in self._tables.commands.values() if c.run_id is None],
-                before,
+            return expired_targets(self._tables, before)
+
+    def newest_time(self) -> datetime | None:
+        """The newest time recorded anywhere in the store's receipts and history."""
+        with self._lock:
+            t = self._tables
+            return max(
+                (
+                    *(i.created_at for i in t.instances.values()),
+                    *run_latest_times(t, set(t.runs)).values(),
+                    *(c.created_at for c in t.commands.values()),
+                    *(e.recorded_at for e in t.events),
+                ),
+                default=None,
             )
 
 
-def expired_targets(
-    instances: Iterable[InstanceRow], runs: Iterable[RunRow], runless: Iterable[CommandRow], before: datetime
-) -> list[PruneTarget]:
+def run_latest_times(t: _Tables, runs: set[str]) -> dict[str, datetime]:
+    """The latest time recorded on each of ``runs``' rows (see :meth:`LockedInstance.latest_time`)."""
+    latest: dict[str, datetime] = {}
+
+    def see(run_id: str | None, *times: datetime | None) -> None:
+        if run_id not in runs:
+            return
+        for time in times:
+            if time is not None and (run_id not in latest or time > latest[run_id]):
+                latest[run_id] = time
+
+    for run in t.runs.values():
+        see(run.id, run.started_at, run.closed_at)
+    for command in t.commands.values():
+        see(command.run_id, command.created_at)
+    for update in t.updates.values():
+        see(update.run_id, update.accepted_at, update.completed_at)
+    for event in t.events:
+        see(event.run_id, event.recorded_at)
+    return latest
+
+
+def expired_targets(t: _Tables, before: datetime) -> list[PruneTarget]:
     """The retention rule (contract §5), as the reference for every store.
 
     A run's receipts live as long as its history, and a command handed to a
     continue-as-new successor lives with the successor: so a chain of runs
     (linked by ``continued_from_run_id``) is pruned as a whole, once its last
-    run — one closed other than by continuing — closed before ``before``.
+    run closed other than by continuing and the latest time recorded on any
+    row of the chain is before ``before``.  Judging by the latest recorded
+    time, not the close time alone, means a clock that stepped back while
+    something was written never makes a chain prunable earlier.
     """
-    names = {i.id: (i.namespace, i.workflow_id) for i in instances}
-    ends = sorted(
-        (r for r in runs if r.status not in ("open", "continued") and r.closed_at and r.closed_at < before),
-        key=lambda r: (r.closed_at, r.id),
-    )
-    targets = [PruneTarget(*names[r.instance_id], r.id) for r in ends]
+    names = {i.id: (i.namespace, i.workflow_id) for i in t.instances.values()}
+    latest = run_latest_times(t, set(t.runs))
+    expired: list[tuple[datetime, str, PruneTarget]] = []
+    for end in t.runs.values():
+        if end.status in ("open", "continued") or end.closed_at is None:
+            continue
+        run: RunRow | None = end
+        chain_latest = latest[end.id]
+        while run is not None and run.continued_from_run_id is not None:
+            run = t.runs.get(run.continued_from_run_id)
+            if run is not None:
+                chain_latest = max(chain_latest, latest[run.id])
+        if chain_latest < before:
+            expired.append((end.closed_at, end.id, PruneTarget(*names[end.instance_id], end.id)))
+    runless = [c for c in t.commands.values() if c.run_id is None]
     stale = sorted({c.instance_id for c in runless if c.created_at < before})
-    return targets + [PruneTarget(*names[i], None) for i in stale]
+    return [target for *_, target in sorted(expired)] + [PruneTarget(*names[i], None) for i in stale]

@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
@@ -41,7 +40,7 @@ from admission.receipts._answers import (
     context_of,
     stored_receipt,
 )
-from admission.receipts._retention import prune_chain
+from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_all, utc_clock
 from admission.receipts._rules import (
     CLOSE_EVENTS,
     Admission,
@@ -53,7 +52,7 @@ from admission.receipts._rules import (
     select_receipt,
 )
 from admission.receipts._sealed import intent_and_stored
-from admission.receipts._store import CommandRow, LockedInstance, PruneCounts, Store
+from admission.receipts._store import CommandRow, LockedInstance, Store
 
 __all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "utc_now"]
 
@@ -91,7 +90,7 @@ def _identifier(value: object, field: str) -> str:
 class AdmissionService:
     """Admits signals and updates with command keys, on any :class:`Store`.
 
-    ``clock`` returns timezone-aware datetimes; ``new_id`` fresh identifiers;
+    ``clock`` returns timezone-aware datetimes (kept in UTC); ``new_id`` fresh identifiers;
     ``max_size`` bounds the encoded arguments and results.  Arguments given as
     :class:`~admission.receipts.SealedArguments` are digested by their plaintext and stored sealed.
     """
@@ -105,7 +104,7 @@ class AdmissionService:
         max_size: int = DEFAULT_MAX_SIZE,
     ) -> None:
         self.store = store
-        self._clock = clock
+        self._clock = utc_clock(clock)
         self._new_id = new_id
         self._max_size = max_size
 
@@ -404,38 +403,37 @@ class AdmissionService:
         batch_size: int = 100,
         dry_run: bool = False,
         progress: Callable[[PruneReport], None] | None = None,
+        max_clock_lead: timedelta | None = DEFAULT_MAX_CLOCK_LEAD,
     ) -> PruneReport:
         """Remove the history and receipts of runs closed more than ``retention_days`` ago.
 
         A chain of runs linked by continue-as-new goes as a whole, once its
-        last run closed before the cutoff (a command handed to a successor
-        lives with it); refusals recorded while an instance had no run go
-        once they are older than the cutoff.  Each chain is pruned in its own
-        transaction under its instance's lock and recorded as a
-        ``RunsPruned`` event; afterwards its keys are free (contract §5).
-        ``progress`` is called after every ``batch_size`` chains.  With
-        ``dry_run`` every deletion is made and rolled back, so the counts are
-        exact and nothing changes.
+        last run has closed and the latest time recorded on any of its rows
+        (start, close, commands, updates, events) is older than the cutoff (a
+        command handed to a successor lives with it); refusals recorded while
+        an instance had no run go once they are older than the cutoff.  Each
+        chain is pruned in its own transaction under its instance's lock and
+        recorded as a ``RunsPruned`` event; afterwards its keys are free
+        (contract §5).  ``progress`` is called after every ``batch_size``
+        chains.  With ``dry_run`` every deletion is made and rolled back, so
+        the counts are exact and nothing changes.
+
+        ``now`` (default: the clock) more than ``max_clock_lead`` ahead of the
+        newest time the store has recorded is capped at that time plus the
+        lead, and the report says so (``clock_capped``): a clock stepped
+        forward must not drop receipts whose retention has not passed.
+        ``None`` turns the cap off.
         """
-        if type(retention_days) is not int or retention_days < 0:
-            raise InvalidValueError("must be an int >= 0", field="retention_days", path="")
-        if type(batch_size) is not int or not 1 <= batch_size <= 100_000:
-            raise InvalidValueError("must be an int from 1 to 100000", field="batch_size", path="")
-        now = self._clock() if now is None else now
-        before = now - timedelta(days=retention_days)
-        targets = self.store.prune_targets(before)
-        report = PruneReport(before, retention_days, dry_run, len(targets), 0, PruneCounts())
-        for start in range(0, len(targets), batch_size):
-            for target in targets[start : start + batch_size]:
-                report = replace(
-                    report,
-                    done=report.done + 1,
-                    counts=report.counts
-                    + prune_chain(self.store, target, before, now, new_id=self._new_id(), dry_run=dry_run),
-                )
-            if progress is not None:
-                progress(report)
-        return report
+        return prune_all(
+            self.store,
+            retention_days,
+            self._clock() if now is None else now,
+            batch_size=batch_size,
+            dry_run=dry_run,
+            progress=progress,
+            max_clock_lead=max_clock_lead,
+            new_id=self._new_id,
+        )
 
     # -- reading ------------------------------------------------------------------------
 

@@ -234,6 +234,14 @@ class LockedInstance(Protocol):
         """Delete refusals recorded without a run before ``before``, with their events."""
         ...
 
+    def latest_time(self, run_ids: Sequence[str]) -> datetime | None:
+        """The latest time recorded on any row of these runs: their start and close, their
+        commands' creation, their updates' acceptance and completion, and their events.
+
+        These are exactly the rows :meth:`delete_runs` removes; ``None`` if there are none.
+        """
+        ...
+
 
 class Store(Protocol):
     """The storage port of the admission service."""
@@ -275,6 +283,11 @@ class Store(Protocol):
         ...
 
     def prune_targets(self, before: datetime) -> list[PruneTarget]:
-        """Every chain of runs whose last run closed before ``before``, and every
+        """Every closed chain of runs whose latest recorded time (see
+        :meth:`LockedInstance.latest_time`) is before ``before``, and every
         instance with run-less refusals older than that (contract §5)."""
+        ...
+
+    def newest_time(self) -> datetime | None:
+        """The newest time recorded anywhere in the store's receipts and history, if any."""
         ...

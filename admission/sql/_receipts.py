@@ -66,6 +66,7 @@ from admission.sql._receipt_queries import (
     run_row,
     update_row,
 )
+from admission.sql._retention import expired_ends, latest_time, newest_time
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     workflow_commands,
@@ -238,6 +239,9 @@ class _SqlLocked:
             delete(workflow_commands).where(workflow_commands.c.id.in_(stale.scalar_subquery()))
         ).rowcount
         return PruneCounts(0, commands, 0, events)
+
+    def latest_time(self, run_ids: Sequence[str]) -> datetime | None:
+        return latest_time(self._conn, self._instance.id, run_ids)
 
     def append_event(self, event_row: EventRow) -> EventRow:
         values = fields_of(event_row)
@@ -454,13 +458,8 @@ class SqlStore:
         return [event_row(r) for r in rows]
 
     def prune_targets(self, before: datetime) -> list[PruneTarget]:
-        """Chain ends closed before ``before``, then instances with older run-less refusals."""
-        runs = (
-            select(workflow_instances.c.namespace, workflow_instances.c.workflow_id, workflow_runs.c.id)
-            .join(workflow_instances, workflow_instances.c.id == workflow_runs.c.instance_id)
-            .where(workflow_runs.c.status.not_in(["open", "continued"]), workflow_runs.c.closed_at < before)
-            .order_by(workflow_runs.c.closed_at, workflow_runs.c.id)
-        )
+        """Closed chains whose latest recorded time is before ``before``, then instances
+        with older run-less refusals."""
         runless = (
             select(workflow_instances.c.namespace, workflow_instances.c.workflow_id)
             .where(
@@ -473,9 +472,14 @@ class SqlStore:
             .order_by(workflow_instances.c.id)
         )
         with self._read() as conn:
-            ends = [PruneTarget(ns, wf, run_id) for ns, wf, run_id in conn.execute(runs)]
+            ends = [PruneTarget(ns, wf, run_id) for ns, wf, run_id in expired_ends(conn, before)]
             stale = [PruneTarget(ns, wf, None) for ns, wf in conn.execute(runless)]
         return ends + stale
+
+    def newest_time(self) -> datetime | None:
+        """The newest time recorded anywhere in the receipt tables."""
+        with self._read() as conn:
+            return newest_time(conn)
 
     def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
         """Events after ``after`` that are safe to read now, in (tx_id, position) order.

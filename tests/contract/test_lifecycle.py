@@ -148,3 +148,31 @@ def test_the_lifecycle_document_draws_the_codes_own_tables() -> None:
 
     document = (Path(__file__).resolve().parents[2] / "docs" / "lifecycle.md").read_text(encoding="utf-8")
     assert lifecycle_diagram() in document
+
+
+def test_a_close_under_a_clock_stepped_back_is_recorded_after_everything_the_run_holds(
+    store: Store,
+) -> None:
+    now = [datetime(2026, 1, 1, tzinfo=UTC)]
+    service = AdmissionService(store, clock=lambda: now[0])
+    run = service.start_run(NS, WF)
+    now[0] += timedelta(hours=1)
+    signal = service.admit_signal(NS, WF, "s", [], request_id="s")
+    update = service.admit_update(NS, WF, "u", [], request_id="u")
+    last = now[0]
+    now[0] = last - timedelta(days=400)  # the clock steps back for the close
+    closed = service.close_run(NS, WF, "completed")
+    assert closed.closed_at == last and closed.started_at == run.started_at
+    assert signal.received_at == update.received_at == last
+    # Everything the close wrote carries the same time: the rejected signal, the
+    # failed update, the close; the log's times never go back.
+    closing = [
+        e for e in service.history(NS, WF) if e.event_type in ("SignalRejected", "UpdateFailed", "RunClosed")
+    ]
+    assert [e.recorded_at for e in closing] == [last] * 3
+    failed = service.admit_update(NS, WF, "u", [], request_id="u")
+    assert failed.retained and failed.outcome == "failed" and failed.received_at == last
+    # A later close (of a new run) under a clock that is right is taken as it is.
+    now[0] = last + timedelta(minutes=5)
+    service.start_run(NS, WF)
+    assert service.close_run(NS, WF, "failed").closed_at == now[0]
