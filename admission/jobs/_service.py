@@ -68,6 +68,7 @@ from admission.jobs._values import (
     DEFAULT_MAX_WAITING,
     MAX_ID_LENGTH,
     MAX_PAYLOAD_BYTES,
+    MAX_SCOPE_LENGTH,
     Checkpoint,
     ClaimResult,
     Control,
@@ -127,7 +128,7 @@ class JobService:
         self.new_id = new_id
         self.lease_seconds = float(lease_seconds)
         self.max_waiting = max_waiting
-        self.owner = owner or _default_owner()
+        self.owner = check_text(owner or _default_owner(), "owner", MAX_ID_LENGTH, None)
         self._watch = LeaseWatch()
 
     def dispose(self) -> None:
@@ -170,6 +171,7 @@ class JobService:
         as this service judges it (``admission.jobs._claims``); a reclaim of a job whose
         result was recorded returns a lease that recovers instead of executing.
         """
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         started = self.clock()
         with self.store.transaction() as tx:
             now = self.now()
@@ -365,6 +367,7 @@ class JobService:
     # -- requests of callers and operators --
 
     def _mark(self, job_id: str, paused: bool, event: str) -> JobView:
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         with self.store.transaction() as tx:
             now = self.now()
             row = self._locked(tx, job_id)
@@ -394,6 +397,7 @@ class JobService:
     def _request(
         self, job_id: str, event: str, reason: str, flag: Literal["stop_requested", "cancel_requested"]
     ) -> JobView:
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         with self.store.transaction() as tx:
             now = self.now()
             row = self._locked(tx, job_id)
@@ -413,6 +417,7 @@ class JobService:
         """An operator settles a ``recovery_required`` job after checking the target (records who, why)."""
         if outcome not in ("completed", "failed"):
             raise InvalidJobError(f"must be 'completed' or 'failed', got {outcome!r}", field="outcome")
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         check_text(who, "who", MAX_ID_LENGTH, job_id)
         check_text(why, "why", 1024, job_id)
         with self.store.transaction() as tx:
@@ -426,6 +431,7 @@ class JobService:
 
     def status(self, job_id: str) -> JobView:
         """The job as it is now."""
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         view = self.store.view(job_id)
         if view is None:
             raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
@@ -433,12 +439,16 @@ class JobService:
 
     def events(self, job_id: str) -> list[JobEvent]:
         """Every event of the job, oldest first."""
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         return self.store.events(job_id)
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         """The job's checkpoints, by step."""
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         return self.store.checkpoints(job_id)
 
     def counts(self, scope: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one scope, or of all)."""
+        if scope is not None:
+            check_text(scope, "scope", MAX_SCOPE_LENGTH, None)
         return self.store.counts(scope)
