@@ -44,6 +44,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Final, Literal
 
+from admission import _bounds as bounds
 from admission.errors import (
     AdmissionError,
     InvalidJobError,
@@ -92,6 +93,10 @@ def _default_owner() -> str:
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
+def _storable(value: object, width: int) -> bool:
+    return bounds.text_fault(value, width) is None
+
+
 def _refused(job_id: str, event: str, why: str) -> JobStateError:
     return JobStateError(f"job {job_id!r} {why}", job_id=job_id, state="running", event=event)
 
@@ -130,6 +135,15 @@ class JobService:
         self.max_waiting = max_waiting
         self.owner = check_text(owner or _default_owner(), "owner", MAX_ID_LENGTH, None)
         self._watch = LeaseWatch()
+
+    def _attempt_id(self) -> str:
+        # Attempt ids are stored in ID-wide columns: one that does not fit is refused (and the
+        # claim's transaction rolled back), never a storage error.
+        value = self.new_id()
+        fault = bounds.text_fault(value, bounds.ID)
+        if fault is not None:
+            raise InvalidJobError(fault, field="new_id")
+        return value
 
     def dispose(self) -> None:
         """Release the store's resources (its connections); the service is not used afterwards."""
@@ -202,7 +216,7 @@ class JobService:
                 tx,
                 row,
                 event,
-                attempt_id=self.new_id(),
+                attempt_id=self._attempt_id(),
                 owner=self.owner,
                 started=started,
                 lease_seconds=self.lease_seconds,
@@ -431,24 +445,22 @@ class JobService:
 
     def status(self, job_id: str) -> JobView:
         """The job as it is now."""
-        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
-        view = self.store.view(job_id)
+        # An id no backend can store names no job: the same answer everywhere, without a query.
+        view = self.store.view(job_id) if _storable(job_id, MAX_ID_LENGTH) else None
         if view is None:
             raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
         return view
 
     def events(self, job_id: str) -> list[JobEvent]:
         """Every event of the job, oldest first."""
-        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
-        return self.store.events(job_id)
+        return self.store.events(job_id) if _storable(job_id, MAX_ID_LENGTH) else []
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         """The job's checkpoints, by step."""
-        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
-        return self.store.checkpoints(job_id)
+        return self.store.checkpoints(job_id) if _storable(job_id, MAX_ID_LENGTH) else []
 
     def counts(self, scope: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one scope, or of all)."""
-        if scope is not None:
-            check_text(scope, "scope", MAX_SCOPE_LENGTH, None)
+        if scope is not None and not _storable(scope, MAX_SCOPE_LENGTH):
+            return {}
         return self.store.counts(scope)

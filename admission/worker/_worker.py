@@ -91,6 +91,15 @@ def _no_hook(_point: str) -> None:
     return None
 
 
+def _write_id(value: object) -> str:
+    # A write id is stored in an ID-wide column: one that does not fit is refused, never stored.
+    fault = bounds.text_fault(value, bounds.ID)
+    if fault is not None:
+        raise InvalidRecordError(fault, field="new_id")
+    assert isinstance(value, str)
+    return value
+
+
 class DurableWorker:
     """One queue of records for one scope, on a :class:`~admission.worker.WorkerStore`.
 
@@ -222,7 +231,7 @@ class DurableWorker:
             )
         now = self._now()
         fresh = WorkerRecord(
-            0, self._new_id(), self.queue, tenant, source_key, content, WriteState.PREPARED, 0,
+            0, _write_id(self._new_id()), self.queue, tenant, source_key, content, WriteState.PREPARED, 0,
             None, None, None, None, None, now, now,
         )  # fmt: skip
         if not tx.insert(fresh):  # pragma: no cover - the intake lock above prevents this race
