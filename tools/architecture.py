@@ -37,7 +37,8 @@ PARTS = (
     "errors",
 )
 """The parts of the package, from the edges down to the exception tree.  ``admission`` is the
-facade (``__init__.py``), ``states`` the one state-table rule (``_table.py``)."""
+facade (``__init__.py``), ``states`` the shared pure rules: the state-table rule (``_table.py``) and
+the declared bounds of stored text (``_bounds.py``)."""
 
 
 def part_of(module: str) -> str | None:
@@ -48,7 +49,7 @@ def part_of(module: str) -> str | None:
     if len(names) == 1:
         return "admission"
     head = names[1]
-    if head == "_table":
+    if head in ("_table", "_bounds"):
         return "states"
     if head == "__main__":
         return "cli"

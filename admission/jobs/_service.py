@@ -44,6 +44,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Final, Literal
 
+from admission import _bounds as bounds
 from admission.errors import (
     AdmissionError,
     InvalidJobError,
@@ -68,6 +69,7 @@ from admission.jobs._values import (
     DEFAULT_MAX_WAITING,
     MAX_ID_LENGTH,
     MAX_PAYLOAD_BYTES,
+    MAX_SCOPE_LENGTH,
     Checkpoint,
     ClaimResult,
     Control,
@@ -89,6 +91,10 @@ _CLAIM_SCAN: Final = 64
 
 def _default_owner() -> str:
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _storable(value: object, width: int) -> bool:
+    return bounds.text_fault(value, width) is None
 
 
 def _refused(job_id: str, event: str, why: str) -> JobStateError:
@@ -127,8 +133,17 @@ class JobService:
         self.new_id = new_id
         self.lease_seconds = float(lease_seconds)
         self.max_waiting = max_waiting
-        self.owner = owner or _default_owner()
+        self.owner = check_text(owner or _default_owner(), "owner", MAX_ID_LENGTH, None)
         self._watch = LeaseWatch()
+
+    def _attempt_id(self) -> str:
+        # Attempt ids are stored in ID-wide columns: one that does not fit is refused (and the
+        # claim's transaction rolled back), never a storage error.
+        value = self.new_id()
+        fault = bounds.text_fault(value, bounds.ID)
+        if fault is not None:
+            raise InvalidJobError(fault, field="new_id")
+        return value
 
     def dispose(self) -> None:
         """Release the store's resources (its connections); the service is not used afterwards."""
@@ -170,6 +185,7 @@ class JobService:
         as this service judges it (``admission.jobs._claims``); a reclaim of a job whose
         result was recorded returns a lease that recovers instead of executing.
         """
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         started = self.clock()
         with self.store.transaction() as tx:
             now = self.now()
@@ -200,7 +216,7 @@ class JobService:
                 tx,
                 row,
                 event,
-                attempt_id=self.new_id(),
+                attempt_id=self._attempt_id(),
                 owner=self.owner,
                 started=started,
                 lease_seconds=self.lease_seconds,
@@ -365,6 +381,7 @@ class JobService:
     # -- requests of callers and operators --
 
     def _mark(self, job_id: str, paused: bool, event: str) -> JobView:
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         with self.store.transaction() as tx:
             now = self.now()
             row = self._locked(tx, job_id)
@@ -394,6 +411,7 @@ class JobService:
     def _request(
         self, job_id: str, event: str, reason: str, flag: Literal["stop_requested", "cancel_requested"]
     ) -> JobView:
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         with self.store.transaction() as tx:
             now = self.now()
             row = self._locked(tx, job_id)
@@ -413,6 +431,7 @@ class JobService:
         """An operator settles a ``recovery_required`` job after checking the target (records who, why)."""
         if outcome not in ("completed", "failed"):
             raise InvalidJobError(f"must be 'completed' or 'failed', got {outcome!r}", field="outcome")
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
         check_text(who, "who", MAX_ID_LENGTH, job_id)
         check_text(why, "why", 1024, job_id)
         with self.store.transaction() as tx:
@@ -426,19 +445,22 @@ class JobService:
 
     def status(self, job_id: str) -> JobView:
         """The job as it is now."""
-        view = self.store.view(job_id)
+        # An id no backend can store names no job: the same answer everywhere, without a query.
+        view = self.store.view(job_id) if _storable(job_id, MAX_ID_LENGTH) else None
         if view is None:
             raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
         return view
 
     def events(self, job_id: str) -> list[JobEvent]:
         """Every event of the job, oldest first."""
-        return self.store.events(job_id)
+        return self.store.events(job_id) if _storable(job_id, MAX_ID_LENGTH) else []
 
     def checkpoints(self, job_id: str) -> list[Checkpoint]:
         """The job's checkpoints, by step."""
-        return self.store.checkpoints(job_id)
+        return self.store.checkpoints(job_id) if _storable(job_id, MAX_ID_LENGTH) else []
 
     def counts(self, scope: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one scope, or of all)."""
+        if scope is not None and not _storable(scope, MAX_SCOPE_LENGTH):
+            return {}
         return self.store.counts(scope)

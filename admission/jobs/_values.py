@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final, Literal, Protocol
 
+from admission import _bounds as bounds
 from admission.errors import AdmissionError, InvalidJobError
 from admission.intent._encoding import Value, canonical_encode
 from admission.jobs._states import PublishedResult
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_DIAGNOSTIC_BYTES",
     "MAX_ID_LENGTH",
     "MAX_PAYLOAD_BYTES",
+    "MAX_SCOPE_LENGTH",
     "Checkpoint",
     "ClaimResult",
     "Control",
@@ -49,14 +51,15 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 """Attempts a job gets unless it says otherwise (worker contract §1)."""
 
 MAX_ATTEMPTS_LIMIT: Final = 100
-MAX_DIAGNOSTIC_BYTES: Final = 2048
+MAX_DIAGNOSTIC_BYTES: Final = bounds.TEXT
 """A stored diagnostic is at most 2 KiB of UTF-8 (worker contract §1)."""
 
 DEFAULT_LEASE_SECONDS: Final = 30.0
 """How long a lease lives without a fenced write (judged on a monotonic clock)."""
 
-MAX_ID_LENGTH: Final = 128
-MAX_SCOPE_LENGTH: Final = 255
+MAX_ID_LENGTH: Final = bounds.JOB_ID
+"""Job ids, kinds and owners, in characters (the width of their columns)."""
+MAX_SCOPE_LENGTH: Final = bounds.NAME
 MAX_PAYLOAD_BYTES: Final = 64 * 1024
 
 
@@ -261,7 +264,7 @@ def validate_job(job: Job) -> bytes:
 
 
 def check_diagnostic(diagnostic: str | None, job_id: str) -> None:
-    """Refuse a diagnostic over :data:`MAX_DIAGNOSTIC_BYTES` of UTF-8."""
+    """Refuse a diagnostic over :data:`MAX_DIAGNOSTIC_BYTES` of UTF-8, or one holding NUL."""
     if diagnostic is None:
         return
     if not isinstance(diagnostic, str):
@@ -276,11 +279,18 @@ def check_diagnostic(diagnostic: str | None, job_id: str) -> None:
         raise InvalidJobError(
             f"is {size} bytes of UTF-8, more than {MAX_DIAGNOSTIC_BYTES}", field="diagnostic", job_id=job_id
         )
+    if "\x00" in diagnostic:
+        raise InvalidJobError(
+            f"must not contain NUL (at index {diagnostic.index(chr(0))})", field="diagnostic", job_id=job_id
+        )
 
 
 def bounded_diagnostic(text: str) -> str:
-    """``text`` cut to fit :data:`MAX_DIAGNOSTIC_BYTES`, with a visible marker when cut (never silently)."""
-    data = text.encode("utf-8", "replace")
+    """``text`` cut to fit :data:`MAX_DIAGNOSTIC_BYTES`, with a visible marker when cut (never silently).
+
+    NUL and lone surrogates, which no backend stores, become U+FFFD.
+    """
+    data = bounds.storable_text(text).encode("utf-8")
     if len(data) <= MAX_DIAGNOSTIC_BYTES:
         return data.decode("utf-8")
     marker = f" [truncated {len(data)} bytes]"

@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from admission import _bounds as bounds
 from admission.errors import AdmissionError, InvalidValueError
 from admission.intent._encoding import (
     DEFAULT_MAX_SIZE,
@@ -58,8 +59,8 @@ __all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "utc_now"]
 
 DEFAULT_RETENTION_DAYS: Final = 30
 """Receipts live as long as their run's history: 30 days after closure by default (contract §5)."""
-MAX_IDENTIFIER_LENGTH: Final = 255
-MAX_FAILURE_LENGTH: Final = 2048
+MAX_IDENTIFIER_LENGTH: Final = bounds.NAME
+MAX_FAILURE_LENGTH: Final = bounds.TEXT
 
 
 def utc_now() -> datetime:
@@ -71,20 +72,28 @@ def _new_id() -> str:
     return str(uuid.uuid4())
 
 
-def _identifier(value: object, field: str) -> str:
-    if type(value) is not str:
-        raise InvalidValueError(f"must be str, got {type(value).__name__}", field=field, path="")
-    if not value or len(value) > MAX_IDENTIFIER_LENGTH:
-        raise InvalidValueError(
-            f"must have 1 to {MAX_IDENTIFIER_LENGTH} characters, got {len(value)}", field=field, path=""
-        )
-    if "\x00" in value:
-        raise InvalidValueError("must not contain NUL", field=field, path="")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidValueError("is not valid Unicode", field=field, path="") from None
+def _identifier(value: object, field: str, width: int = bounds.NAME) -> str:
+    """``value`` if every backend can store it in a column of ``width`` (refused naming ``field``)."""
+    fault = bounds.text_fault(value, width)
+    if fault is not None:
+        raise InvalidValueError(fault, field=field, path="")
+    assert isinstance(value, str)
     return value
+
+
+def _run_id(value: object, field: str = "run_id") -> str:
+    # Run ids live in ID-wide columns (runs, commands, events), narrower than names.
+    return _identifier(value, field, bounds.ID)
+
+
+def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
+    """``new_id`` whose every id is checked against the id columns' width (contract §4: bad
+    input writes nothing; an id raised on inside the lock rolls its transaction back)."""
+
+    def checked() -> str:
+        return _identifier(new_id(), "new_id", bounds.ID)
+
+    return checked
 
 
 class AdmissionService:
@@ -105,7 +114,7 @@ class AdmissionService:
     ) -> None:
         self.store = store
         self._clock = utc_clock(clock)
-        self._new_id = new_id
+        self._new_id = _checked_ids(new_id)
         self._max_size = max_size
 
     def _locked(
@@ -127,7 +136,7 @@ class AdmissionService:
         """
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
-        new_run_id = self._new_id() if run_id is None else _identifier(run_id, "run_id")
+        new_run_id = self._new_id() if run_id is None else _run_id(run_id)
         now = self._clock()
         with self._locked(namespace, workflow_id, now, connection) as tx:
             return lifecycle.start_run(tx, new_run_id, now)
@@ -172,8 +181,8 @@ class AdmissionService:
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
         if run_id is not None:
-            _identifier(run_id, "run_id")
-        successor_id = self._new_id() if new_run_id is None else _identifier(new_run_id, "new_run_id")
+            _run_id(run_id)
+        successor_id = self._new_id() if new_run_id is None else _run_id(new_run_id, "new_run_id")
         now = self._clock()
         with self._locked(namespace, workflow_id, now, connection) as tx:
             return lifecycle.close_run(
@@ -191,7 +200,7 @@ class AdmissionService:
         """
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
-        _identifier(command_id, "command_id")
+        _identifier(command_id, "command_id", bounds.ID)
         now = self._clock()
         with self._locked(namespace, workflow_id, now, connection) as tx:
             return lifecycle.apply_signal(tx, command_id, now)
@@ -245,8 +254,10 @@ class AdmissionService:
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
         key = None if request_id is None else validate_request_id(request_id, command_type)
-        target = None if run_id is None else _identifier(run_id, "run_id")
+        target = None if run_id is None else _run_id(run_id)
         encoded, stored = intent_and_stored(command_type, name, arguments, target, self._max_size)
+        # The name is stored as well as digested: it must fit its column (the digest takes any text).
+        _identifier(name, "name")
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         token = None if key is None else receipt_token(command_type, key)
         if key is not None and token is not None and connection is None:
@@ -370,10 +381,7 @@ class AdmissionService:
         connection: object | None = None,
     ) -> Admission:
         """Fail an accepted update with a message (422 ``failed``)."""
-        if type(failure) is not str or not failure or len(failure) > MAX_FAILURE_LENGTH:
-            raise InvalidValueError(
-                f"must be a str of 1 to {MAX_FAILURE_LENGTH} characters", field="failure", path=""
-            )
+        _identifier(failure, "failure", MAX_FAILURE_LENGTH)
         return self._finish(namespace, workflow_id, update_id, "failed", None, failure, connection)
 
     def _finish(
@@ -388,7 +396,7 @@ class AdmissionService:
     ) -> Admission:
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
-        _identifier(update_id, "update_id")
+        _identifier(update_id, "update_id", bounds.ID)
         now = self._clock()
         with self._locked(namespace, workflow_id, now, connection) as tx:
             return lifecycle.finish_update(tx, update_id, status, result, failure, now)

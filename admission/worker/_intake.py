@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from admission import _bounds as bounds
 from admission.errors import InvalidRecordError, InvalidValueError, ScopeMismatchError
 from admission.intent._encoding import canonical_encode
 
@@ -21,6 +22,7 @@ __all__ = [
     "Scope",
     "WorkerLimits",
     "bounded_text",
+    "check_name",
     "validate_record",
 ]
 
@@ -34,9 +36,24 @@ _FIELD_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _TRUNCATED: Final = "...[truncated]"
 
 
+def check_name(value: object, field: str) -> str:
+    """``value`` if every backend can store it as a name (:data:`admission._bounds.NAME`
+    characters, no NUL, valid Unicode); else :class:`InvalidRecordError` naming ``field``."""
+    fault = bounds.text_fault(value, bounds.NAME)
+    if fault is not None:
+        raise InvalidRecordError(fault, field=field)
+    assert isinstance(value, str)
+    return value
+
+
 def bounded_text(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, visibly marked when cut (contract §1)."""
-    raw = text.encode("utf-8", "replace")
+    """``text`` cut to at most ``limit`` UTF-8 bytes, visibly marked when cut (contract §1).
+
+    NUL and lone surrogates, which no backend stores, become U+FFFD: free text
+    the library keeps is mended, never refused.
+    """
+    text = bounds.storable_text(text)
+    raw = text.encode("utf-8")
     if len(raw) <= limit:
         return text
     keep = raw[: max(0, limit - len(_TRUNCATED))].decode("utf-8", "ignore")
@@ -67,8 +84,7 @@ class Scope:
                     f"not {' or '.join(RESERVED_FIELDS)}",
                     field="scope",
                 )
-            if not isinstance(field_value, str) or not 1 <= len(field_value) <= 255:
-                raise InvalidRecordError("must be a string of 1 to 255 characters", field=f"scope.{name}")
+            check_name(field_value, f"scope.{name}")
             items.append((name, field_value))
         if "tenant" not in value:
             raise InvalidRecordError("a scope must name its tenant", field="scope.tenant")
@@ -90,11 +106,17 @@ class Scope:
 
 @dataclass(frozen=True)
 class WorkerLimits:
-    """The bounds of contract §1."""
+    """The bounds of contract §1.  ``max_diagnostic`` (UTF-8 bytes) is at most the
+    diagnostic columns' width, :data:`admission._bounds.TEXT`."""
 
     max_waiting: int = 128
     max_attempts: int = 3
-    max_diagnostic: int = 2048
+    max_diagnostic: int = bounds.TEXT
+
+    def __post_init__(self) -> None:
+        # A longer cut would pass SQLite and fail PostgreSQL's VARCHAR(2048) mid-transition.
+        if type(self.max_diagnostic) is not int or not 64 <= self.max_diagnostic <= bounds.TEXT:
+            raise InvalidRecordError(f"must be an int from 64 to {bounds.TEXT}", field="max_diagnostic")
 
 
 @dataclass(frozen=True)
@@ -131,8 +153,8 @@ def validate_record(scope_: Scope, record: object, *, queue: str) -> tuple[str, 
                 queue=queue,
             )
     source_key = record.get("source_key")
-    if not isinstance(source_key, str) or not 1 <= len(source_key) <= 255:
-        raise InvalidRecordError("must be a string of 1 to 255 characters", field="source_key")
+    check_name(source_key, "source_key")
+    assert isinstance(source_key, str)
     try:
         content = canonical_encode(dict(record), max_size=MAX_CONTENT)
     except InvalidValueError as exc:

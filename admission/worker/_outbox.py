@@ -23,6 +23,7 @@ from typing import Final
 from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
 from admission.intent._encoding import canonical_decode, canonical_encode
 from admission.receipts._store import EventCursor, EventRow, Store
+from admission.worker._intake import check_name
 from admission.worker._store import WorkerTransaction
 from admission.worker._worker import DurableWorker
 
@@ -55,10 +56,8 @@ def record_outbox(
     worker will accept (its scope fields and ``payload``); ``source_key`` is
     its intake key.
     """
-    if not isinstance(target, str) or not 1 <= len(target) <= 255:
-        raise InvalidRecordError("must be a string of 1 to 255 characters", field="target")
-    if not isinstance(source_key, str) or not 1 <= len(source_key) <= 255:
-        raise InvalidRecordError("must be a string of 1 to 255 characters", field="source_key")
+    check_name(target, "target")
+    check_name(source_key, "source_key")
     if not isinstance(content, Mapping):
         raise InvalidRecordError("must be a JSON object", field="content")
     payload = canonical_encode({"target": target, "source_key": source_key, "content": dict(content)})
@@ -129,7 +128,9 @@ class OutboxRelay:
         self.store = store
         self.worker = worker
         self.target = target
-        self.consumer = consumer or f"worker:{worker.queue}:{target}"
+        # The cursor row is keyed by the consumer: a default built from a long queue
+        # and target must fit its column too, or the relay asks for a name.
+        self.consumer = check_name(consumer or f"worker:{worker.queue}:{target}", "consumer")
         self._now = now
         self._hook = hook
 

@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
+from admission import _bounds as bounds
 from admission.errors import (
     BeforeWriteError,
     InvalidRecordError,
@@ -41,7 +42,7 @@ from admission.errors import (
     TargetTimeoutError,
 )
 from admission.intent._encoding import canonical_decode
-from admission.worker._intake import Intake, Scope, WorkerLimits, validate_record
+from admission.worker._intake import Intake, Scope, WorkerLimits, check_name, validate_record
 from admission.worker._lease import QueueLease
 from admission.worker._localfs import write_json_atomically
 from admission.worker._observe import PollReport, StatusObserver
@@ -90,6 +91,15 @@ def _no_hook(_point: str) -> None:
     return None
 
 
+def _write_id(value: object) -> str:
+    # A write id is stored in an ID-wide column: one that does not fit is refused, never stored.
+    fault = bounds.text_fault(value, bounds.ID)
+    if fault is not None:
+        raise InvalidRecordError(fault, field="new_id")
+    assert isinstance(value, str)
+    return value
+
+
 class DurableWorker:
     """One queue of records for one scope, on a :class:`~admission.worker.WorkerStore`.
 
@@ -123,15 +133,16 @@ class DurableWorker:
         hook: Callable[[str], None] | None = None,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
-        if not isinstance(queue, str) or not 1 <= len(queue) <= 255:
-            raise InvalidRecordError("must be a string of 1 to 255 characters", field="queue")
+        check_name(queue, "queue")
         if lease_ttl <= 0:
             raise InvalidRecordError("must be positive", field="lease_ttl")
         self.store = store
         self.scope = scope
         self.queue = queue
         self.limits = limits or WorkerLimits()
-        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.holder = check_name(
+            holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}", "holder"
+        )
         self.lease_ttl = lease_ttl
         self.claim_wait = claim_wait
         self.send_batch = number(send_batch, "send_batch", 1, 1000)
@@ -220,7 +231,7 @@ class DurableWorker:
             )
         now = self._now()
         fresh = WorkerRecord(
-            0, self._new_id(), self.queue, tenant, source_key, content, WriteState.PREPARED, 0,
+            0, _write_id(self._new_id()), self.queue, tenant, source_key, content, WriteState.PREPARED, 0,
             None, None, None, None, None, now, now,
         )  # fmt: skip
         if not tx.insert(fresh):  # pragma: no cover - the intake lock above prevents this race
@@ -371,8 +382,9 @@ class DurableWorker:
         """
         if decision not in _RESOLUTIONS:
             raise InvalidRecordError(f"must be one of {', '.join(_RESOLUTIONS)}", field="decision")
-        if not isinstance(actor, str) or not actor.strip() or len(actor) > 255:
-            raise InvalidRecordError("must name who decides (1 to 255 characters)", field="actor")
+        if not isinstance(actor, str) or not actor.strip():
+            raise InvalidRecordError("must name who decides", field="actor")
+        check_name(actor, "actor")
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidRecordError("must say why", field="reason")
         values = {"attempts": 0} if decision == "release" else None
@@ -402,6 +414,10 @@ class DurableWorker:
 
     def get(self, write_id: str) -> WorkerRecord:
         """The record with this ``write_id`` in this queue; RecordStateError if there is none."""
+        # Checked like a stored value, so a lookup no backend could answer is input, not a storage error.
+        fault = bounds.text_fault(write_id, bounds.ID)
+        if fault is not None:
+            raise InvalidRecordError(fault, field="write_id")
         record = self.store.record(self.queue, write_id)
         if record is None:
             raise RecordStateError(
@@ -411,6 +427,7 @@ class DurableWorker:
 
     def find(self, source_key: str) -> WorkerRecord:
         """The record accepted under ``source_key`` for the scope's tenant."""
+        check_name(source_key, "source_key")
         record = self.store.record_by_key(self.queue, self.scope.tenant, source_key)
         if record is None:
             raise RecordStateError(f"no record with source key {source_key!r}", write_id=None, state=None)

@@ -7,6 +7,7 @@ import pickle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from admission import _bounds as bounds
 from admission.errors import (
     InvalidJobError,
     JobFencedError,
@@ -16,6 +17,7 @@ from admission.errors import (
     UnknownJobError,
 )
 from admission.jobs import MAX_DIAGNOSTIC_BYTES, bounded_diagnostic
+from admission.jobs._values import check_diagnostic
 
 
 @given(st.text(max_size=3000))
@@ -23,10 +25,12 @@ from admission.jobs import MAX_DIAGNOSTIC_BYTES, bounded_diagnostic
 def test_bounded_diagnostic_always_fits_and_only_cuts_what_does_not(text: str) -> None:
     cut = bounded_diagnostic(text)
     assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES
-    fits = len(text.encode("utf-8", "replace")) <= MAX_DIAGNOSTIC_BYTES
-    if fits and text.encode("utf-8", "replace").decode() == text:
-        assert cut == text
-    elif not fits:
+    assert bounds.text_fault(cut, bounds.TEXT) is None or cut == ""  # every backend stores it
+    storable = bounds.storable_text(text)
+    fits = len(storable.encode()) <= MAX_DIAGNOSTIC_BYTES
+    if fits:
+        assert cut == storable
+    else:
         assert cut.endswith("bytes]") and "[truncated " in cut
 
 
@@ -51,3 +55,14 @@ def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
     for error in errors:
         again = pickle.loads(pickle.dumps(error))
         assert type(again) is type(error) and vars(again) == vars(error) and str(again) == str(error)
+
+
+def test_a_diagnostic_no_backend_can_store_is_refused_naming_it() -> None:
+    for diagnostic in ("a\x00b", "a\ud800", "x" * (MAX_DIAGNOSTIC_BYTES + 1)):
+        try:
+            check_diagnostic(diagnostic, "j1")
+        except InvalidJobError as refused:
+            assert refused.field == "diagnostic" and refused.job_id == "j1"
+        else:
+            raise AssertionError(f"{diagnostic[:8]!r} was not refused")
+    check_diagnostic("x" * MAX_DIAGNOSTIC_BYTES, "j1")

@@ -17,6 +17,7 @@ from tools import architecture
 PACKAGE = Path(admission.__file__).parent
 
 PURE_MODULES = {
+    "admission._bounds",
     "admission._table",
     "admission.client._errors",
     "admission.errors",
