@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -39,7 +38,7 @@ from admission.http import (
 )
 from admission.intent import canonical_decode, canonical_encode, encode_intent, receipt_token
 from admission.receipts import AdmissionService, MemoryStore, SealedArguments, Store, sealed_max_size
-from admission.sql import SqlStore, audit, create_admission_engine, workflow_commands
+from admission.sql import audit, workflow_commands
 from tests.integration.test_http import serving
 from tests.support.strategies import ARGUMENTS, same
 
@@ -99,24 +98,6 @@ def stored_arguments(engine: Engine) -> list[bytes]:
 def count_commands(engine: Engine) -> int:
     with engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(workflow_commands)).scalar_one())
-
-
-@pytest.fixture
-def service(db_url: str) -> Iterator[AdmissionService]:
-    store = SqlStore.open(db_url)
-    try:
-        yield AdmissionService(store)
-    finally:
-        store.dispose()
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    engine = create_admission_engine(db_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def codec() -> AesGcmCodec:

@@ -26,7 +26,7 @@ with warnings.catch_warnings():
 
 from admission.http import create_app
 from admission.receipts import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
+from admission.sql import SqlStore
 from tests.support.snapshot import diff_snapshots, snapshot
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.testclient`")
@@ -34,13 +34,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.te
 ROOT = Path(__file__).resolve().parents[2]
 NS = "tenant-a"
 RUN = "r1"
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    engine = create_admission_engine(db_url)
-    yield engine
-    engine.dispose()
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from sqlalchemy import Engine, func, select, update
 
 from admission.http import AesGcmCodec, CborCodec, JsonCodec, codecs_from, create_app, envelope
 from admission.receipts import AdmissionService
-from admission.sql import SqlStore, create_admission_engine, workflow_commands
+from admission.sql import SqlStore, workflow_commands
 from tests.support.backends import sqlite_url
 from tests.support.snapshot import diff_snapshots, snapshot
 from tests.support.strategies import ARGUMENTS, same
@@ -42,24 +42,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.te
 
 KEY = bytes(range(32))
 NS = "tenant-a"
-
-
-@pytest.fixture
-def service(db_url: str) -> Iterator[AdmissionService]:
-    store = SqlStore.open(db_url)
-    try:
-        yield AdmissionService(store)
-    finally:
-        store.dispose()
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    engine = create_admission_engine(db_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def make_client(service: AdmissionService, **options: Any) -> TestClient:

@@ -7,7 +7,6 @@ after shows that nothing was written (the gate runs before the body is read).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,7 +30,6 @@ from admission.http import (
     token_digest,
 )
 from admission.receipts import AdmissionService
-from admission.sql import SqlStore, create_admission_engine
 from tests.support.snapshot import diff_snapshots, snapshot
 
 pytestmark = [
@@ -42,24 +40,6 @@ pytestmark = [
 TOKEN_A = "adm_" + "a1" * 32
 TOKEN_OTHER = "adm_" + "0f" * 32
 SIGNAL = "/api/workflows/wf-1/signal/go"
-
-
-@pytest.fixture
-def service(db_url: str) -> Iterator[AdmissionService]:
-    store = SqlStore.open(db_url)
-    try:
-        yield AdmissionService(store)
-    finally:
-        store.dispose()
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    engine = create_admission_engine(db_url)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
 
 
 def grants() -> BearerTokens:

@@ -148,4 +148,3 @@ def test_a_target_refuses_exactly_the_calls_older_than_the_newest_token_it_has_s
                     newest[job_id] = max(newest.get(job_id, fence), fence)
         for job_id in ("a", "b"):
             assert list(target.read_published(job_id)) == [p for p in accepted if p.job_id == job_id]
-

@@ -435,8 +435,15 @@ def test_bulk_updated_rows_are_stored_exactly_as_core_stores_them(
             for write_id in ids:
                 conn.execute(
                     insert(worker_records).values(
-                        write_id=write_id, queue=queue, tenant="t", source_key=write_id, content=b"c",
-                        state="prepared", attempts=0, created_at=when, updated_at=when,
+                        write_id=write_id,
+                        queue=queue,
+                        tenant="t",
+                        source_key=write_id,
+                        content=b"c",
+                        state="prepared",
+                        attempts=0,
+                        created_at=when,
+                        updated_at=when,
                     )
                 )
         values = {"new_state": state, "now": when, "new_fence": fence}

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import Counter
-from collections.abc import Iterator
 from multiprocessing.synchronize import Barrier
 
-import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select
@@ -71,13 +69,6 @@ def test_racing_producers_never_overrun_the_queue_bound(db_url: str) -> None:
     tally = race(db_url, keys, limit=25)
     assert tally == Counter({"accepted": 25, "queue_full": 10 * PRODUCERS - 25})
     assert count(db_url, worker_records) == 25
-
-
-@pytest.fixture
-def engine(db_url: str) -> Iterator[Engine]:
-    engine = create_admission_engine(db_url)
-    yield engine
-    engine.dispose()
 
 
 @settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
