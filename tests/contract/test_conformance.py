@@ -631,7 +631,19 @@ class Conformance(RuleBasedStateMachine):
         """An earlier key with the identical intent: its receipt (after pruning: a fresh command)."""
         self.step("retry_same")
         found = self.keyed(include_pruned=True)
-        found = [f for f in found if f[2] == kind] or found
+        self.retry(data, [f for f in found if f[2] == kind] or found)
+
+    @precondition(lambda self: any(kind == "completed" for *_, kind in self.keyed(include_pruned=False)))
+    @rule(data=st.data())
+    def retry_completed(self, data: st.DataObject) -> None:
+        """A retry of a completed update: its result again.  A rule of its own, not only a
+        kind ``retry_same`` may draw, so that every run meets it however rare completions
+        with a key are in the sequences drawn."""
+        self.step("retry_same")
+        self.retry(data, [f for f in self.keyed(include_pruned=False) if f[2] == "completed"])
+
+    def retry(self, data: st.DataObject, found: list[tuple[tuple[str, int], str, str]]) -> None:
+        """Send one of ``found`` again with the same intent."""
         where, command_id, _ = data.draw(st.sampled_from(found), label="receipt")
         cmd = self.command(where, command_id)
         # The same value, possibly written differently (a map in another order).
