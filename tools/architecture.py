@@ -27,6 +27,7 @@ PARTS = (
     "http",
     "client",
     "testing",
+    "aio",
     "admission",
     "sql",
     "worker",

@@ -163,7 +163,8 @@ ALLOWED = {
     "jobs": {"states", "intent", "errors"},
     "sql": {"receipts", "worker", "jobs", "states", "intent", "errors"},
     "admission": {"sql", "receipts", "intent", "errors"},
-    "http": {"admission", "receipts", "intent", "errors"},
+    "aio": {"sql", "receipts", "worker", "jobs", "states", "intent", "errors"},
+    "http": {"admission", "aio", "receipts", "intent", "errors"},
     "client": {"http", "intent", "errors"},
     "testing": {"worker", "jobs", "errors"},
     "cli": set(architecture.PARTS) - {"cli"},
@@ -186,7 +187,7 @@ def test_the_architecture_page_holds_the_drawing_of_todays_imports() -> None:
     assert block == architecture.mermaid()
 
 
-FACES = ("intent", "receipts", "worker", "jobs", "sql", "http", "client", "cli")
+FACES = ("intent", "receipts", "worker", "jobs", "sql", "aio", "http", "client", "cli")
 
 
 def test_no_two_subsystems_export_different_things_under_one_name() -> None:
