@@ -30,7 +30,9 @@ def _greenlets() -> Any:
     # SQLAlchemy imports without greenlet and fails only on first use, with a message about
     # itself: the check names what to install instead.
     if importlib.util.find_spec("greenlet") is None:
-        raise InputError("the async service needs greenlet (pip install 'admission[asyncio]')", field="asyncio")
+        raise InputError(
+            "the async service needs greenlet (pip install 'admission[asyncio]')", field="asyncio"
+        )
     from sqlalchemy.util import concurrency
 
     return concurrency
