@@ -7,6 +7,15 @@ loop (``docs/async.md``); install ``admission[asyncio]``.
 """
 
 from admission.aio._bridge import awaiting, run_sync, wait
+from admission.aio._once import AsyncAttempt, AsyncOnce
 from admission.aio._service import AsyncAdmissionService, AsyncStore
 
-__all__ = ["AsyncAdmissionService", "AsyncStore", "awaiting", "run_sync", "wait"]
+__all__ = [
+    "AsyncAdmissionService",
+    "AsyncAttempt",
+    "AsyncOnce",
+    "AsyncStore",
+    "awaiting",
+    "run_sync",
+    "wait",
+]
