@@ -338,8 +338,12 @@ def test_async_front_door_runs_the_handler_once() -> None:
         await entered.wait()
         with pytest.raises(UpdateInProgressError):
             await slow("s")
+        update_id = (await service.receipt(NS, "slow", "update", "s")).update_id  # type: ignore[union-attr]
+        assert await service.take_over_update(NS, "slow", update_id, expiry=timedelta(days=1)) is None
         leave.set()
         assert await first == "ok" and await slow("s") == "ok"
+        with pytest.raises(RunStateError):
+            await service.release_update(NS, "slow", update_id)  # completed: its key is kept
 
     asyncio.run(main())
     assert runs == [5, -1]

@@ -21,7 +21,7 @@ from typing import Any
 
 from admission.errors import UpdateInProgressError
 from admission.receipts import IN_PROGRESS_EXPIRED, AdmissionService, Once
-from admission.sql import SqlStore
+from admission.sql import SqlStore, audit, create_admission_engine
 from tests.support.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")
@@ -150,3 +150,10 @@ def test_after_the_holder_dies_exactly_one_retrier_takes_over(db_url: str, tmp_p
     assert (kinds["UpdateAccepted"], kinds["UpdateKeyReleased"], kinds["UpdateCompleted"]) == (2, 1, 1)
     failed = [e.payload for e in history if e.event_type == "UpdateFailed"]
     assert [p["failure"] for p in failed] == [IN_PROGRESS_EXPIRED]
+    # The released command is consistent with its events and its (cleared) key.
+    engine = create_admission_engine(db_url)
+    try:
+        report = audit(engine)
+    finally:
+        engine.dispose()
+    assert report.ok, report
