@@ -179,16 +179,19 @@ def test_a_retry_while_the_handler_runs_is_refused_as_in_progress(service: Admis
     seen: list[BaseException] = []
 
     @once()
-    def slow(key: str) -> str:
-        # A retry arrives while this call still holds the key.
-        try:
-            slow(key)
-        except UpdateInProgressError as exc:
-            seen.append(exc)
+    def slow(key: str, n: int = 1) -> str:
+        # Retries arrive while this call still holds the key: the same intent is in progress;
+        # another intent is a conflict, on this path too (the intent is checked on every path).
+        for retry in (1, 2):
+            try:
+                slow(key, retry)
+            except (UpdateInProgressError, RequestIdConflictError) as exc:
+                seen.append(exc)
         return "done"
 
     assert slow("s") == "done"
-    assert len(seen) == 1 and seen[0].retryable and seen[0].code == "update_in_progress"
+    assert [type(e) for e in seen] == [UpdateInProgressError, RequestIdConflictError]
+    assert seen[0].retryable and seen[0].code == "update_in_progress" and not seen[1].retryable
     assert event_types(service, "slow").count("UpdateAccepted") == 1
 
 
