@@ -107,6 +107,10 @@ class Attempt:
         except InputError as exc:
             self.fail(exc)
             raise
+        except RunStateError:
+            # Taken over after its expiry (or finished by someone else): no longer this attempt's.
+            self._open = False
+            raise
         self._open = False
         self.done = True
         self.result = completed.result

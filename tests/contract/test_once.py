@@ -223,9 +223,13 @@ def test_after_its_expiry_a_retry_takes_the_update_over_once(service: AdmissionS
     failed = [e for e in history if e.event_type == "UpdateFailed"]
     assert [(e.update_id, e.payload["failure"]) for e in failed] == [(dead.update_id, IN_PROGRESS_EXPIRED)]
     assert [e.event_type for e in history].count("UpdateKeyReleased") == 1
-    # The old holder, should it come back, cannot complete what was taken over.
-    with pytest.raises(RunStateError):
+    # The old holder, should it come back, cannot complete what was taken over, and its
+    # block's end records nothing more.
+    with pytest.raises(RunStateError) as late:
         dead.complete("first")
+    assert late.value.reason == "update_already_failed" and not dead.holds_key
+    once.end(dead, None)
+    assert service.history(NS, "w") == history
 
 
 def test_an_attempt_that_ends_without_a_result_is_recorded_failed(service: AdmissionService) -> None:
@@ -248,6 +252,29 @@ def test_a_result_the_encoding_refuses_fails_the_update(service: AdmissionServic
     with pytest.raises(InvalidValueError):
         odd("o")
     assert event_types(service, "odd")[-2:] == ["UpdateFailed", "UpdateKeyReleased"]
+
+
+def test_a_front_door_refuses_bad_options_naming_the_field(service: AdmissionService) -> None:
+    for options, field in [
+        ({"on_failure": "retry"}, "on_failure"),
+        ({"in_progress_expiry": timedelta(0)}, "in_progress_expiry"),
+        ({"in_progress_expiry": 60}, "in_progress_expiry"),
+    ]:
+        with pytest.raises(InvalidValueError) as raised:
+            Once(service, namespace=NS, **options)  # type: ignore[arg-type]
+        assert raised.value.field == field
+    with pytest.raises(InvalidValueError) as unnamed:
+        Once(service, namespace=NS)(key_param="order")(lambda key: key)
+    assert unnamed.value.field == "key_param"
+    once = Once(service, namespace="")
+
+    @once()
+    def job(key: str) -> None:
+        raise AssertionError("ran")
+
+    with pytest.raises(InvalidValueError) as bad:
+        job("k")
+    assert bad.value.field == "namespace" and service.store.find_instance("", "job") is None
 
 
 # -- the service steps ----------------------------------------------------------------------------------
