@@ -10,7 +10,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission.aio import AsyncAdmissionService, AsyncOnce
@@ -62,7 +62,7 @@ def event_types(service: AdmissionService, workflow_id: str) -> list[str]:
 
 
 @given(
-    accepted=st.datetimes(timezones=st.just(UTC)),
+    accepted=st.datetimes(datetime(2000, 1, 1), datetime(2100, 1, 1), timezones=st.just(UTC)),
     age=st.timedeltas(min_value=timedelta(days=-3), max_value=timedelta(days=3)),
     expiry=st.none() | st.timedeltas(min_value=timedelta(microseconds=1), max_value=timedelta(days=2)),
 )
@@ -78,6 +78,56 @@ def test_only_an_update_older_than_a_given_expiry_may_be_taken_over(
         # Monotone: later is allowed too; a clock before the acceptance never is.
         assert may_take_over(now + timedelta(seconds=1), accepted, expiry)
     assert not may_take_over(accepted - abs(age), accepted, expiry)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    policy=st.sampled_from(["keep", "release"]),
+    calls=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 2), st.booleans()), max_size=25
+    ),
+)
+def test_the_handler_runs_exactly_when_a_model_of_the_key_says_so(
+    policy: str, calls: list[tuple[str, int, bool]]
+) -> None:
+    """Any sequence of calls (key, argument, whether the handler raises): the handler runs only
+    for a key with no live record, a retry of a completed call gets its value, a kept failure
+    is raised again, a released one runs again, and other arguments are a conflict."""
+    once = Once(AdmissionService(MemoryStore()), namespace=NS, on_failure=policy)  # type: ignore[arg-type]
+    runs: list[tuple[str, int]] = []
+    raising: dict[str, bool] = {}
+
+    @once(name="step")
+    def step(key: str, n: int) -> list[object]:
+        runs.append((key, n))
+        if raising[key]:
+            raise LookupError
+        return [key, n]
+
+    model: dict[str, tuple[str, int]] = {}  # key -> ("completed" | "failed", argument)
+    for key, n, fails in calls:
+        raising[key] = fails
+        expected_runs = list(runs)
+        held = model.get(key)
+        if held is None:
+            expected_runs.append((key, n))
+            if fails:
+                with pytest.raises(LookupError):
+                    step(key, n)
+                if policy == "keep":
+                    model[key] = ("failed", n)
+            else:
+                assert step(key, n) == [key, n]
+                model[key] = ("completed", n)
+        elif held[1] != n:
+            with pytest.raises(RequestIdConflictError):
+                step(key, n)
+        elif held[0] == "completed":
+            assert step(key, n) == [key, n]
+        else:
+            with pytest.raises(UpdateFailedError):
+                step(key, n)
+        assert runs == expected_runs
 
 
 # -- the decorator -----------------------------------------------------------------------------------
@@ -167,6 +217,22 @@ def test_a_released_failure_lets_the_retry_run_again(service: AdmissionService) 
     assert event_types(service, "flaky") == [
         "RunStarted",
         "UpdateAccepted",
+        "UpdateFailed",
+        "UpdateKeyReleased",
+        "UpdateAccepted",
+        "UpdateCompleted",
+    ]
+
+
+def test_a_releasing_front_door_frees_a_failure_another_one_kept(service: AdmissionService) -> None:
+    keeping = Once(service, namespace=NS, workflow_id="w")
+    releasing = Once(service, namespace=NS, workflow_id="w", on_failure="release")
+    with pytest.raises(ZeroDivisionError), keeping.attempt("job", "k", [1]):
+        raise ZeroDivisionError
+    with releasing.attempt("job", "k", [1]) as attempt:
+        assert not attempt.done
+        attempt.complete("ran again")
+    assert event_types(service, "w")[-4:] == [
         "UpdateFailed",
         "UpdateKeyReleased",
         "UpdateAccepted",
