@@ -1,7 +1,8 @@
 """admission for asyncio: the async service and stores, the same rules awaited.
 
 ``AsyncAdmissionService`` has every method of ``AdmissionService`` as a
-coroutine; ``AsyncStore`` gives a store's reads as coroutines.  The
+coroutine; ``AsyncStore`` gives a store's reads as coroutines; ``AsyncOnce``
+runs ``async def`` handlers once per command key (``docs/once.md``).  The
 synchronous code runs unchanged with its statements awaited on the event
 loop (``docs/async.md``); install ``admission[asyncio]``.
 """

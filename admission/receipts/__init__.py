@@ -3,6 +3,7 @@
 ``AdmissionService`` admits signals and updates under command keys on any
 ``Store`` (``MemoryStore`` here, ``admission.sql.SqlStore`` on SQLite or
 PostgreSQL) and answers with a typed ``Admission`` (contract §4, §5).
+``Once`` runs a handler once per command key on top of it (``docs/once.md``).
 """
 
 from admission.receipts._answers import HistoryEvent, PruneReport, RunInfo
