@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from types import TracebackType
 from typing import Any, Final
 
 __all__ = ["ATTRIBUTES", "METRICS", "SPANS", "configure"]
@@ -94,6 +94,8 @@ class _Instruments:
     admissions: Any
     admit_duration: Any
     status_error: Any
+    idle: Callable[[], bool]
+    """Whether spans would record nothing: no provider given and no global one set yet."""
 
 
 _explicit: dict[str, object | None] = {"tracer_provider": None, "meter_provider": None}
@@ -147,7 +149,18 @@ def _create() -> _Instruments | None:
     duration = meter.create_histogram(
         ADMIT_DURATION, unit="s", description="Time of an admit call (signal or update)."
     )
-    return _Instruments(tracer, admissions, duration, trace.Status(trace.StatusCode.ERROR))
+    return _Instruments(tracer, admissions, duration, trace.Status(trace.StatusCode.ERROR), _idle(trace))
+
+
+def _idle(trace: Any) -> Callable[[], bool]:
+    # Without an SDK, the API's spans record nothing yet cost a context switch each; skipping
+    # them leaves the caller's span current, which is all a non-recording span would pass on.
+    # Asked at every span: the global provider may be set after admission made its tracer
+    # (the API's proxy tracer then delegates to it).
+    if _explicit["tracer_provider"] is not None:
+        return lambda: False
+    placeholders = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+    return lambda: isinstance(trace.get_tracer_provider(), placeholders)
 
 
 class Span:
@@ -164,27 +177,41 @@ class Span:
             self._span.set_attributes(attributes)
 
 
-@contextmanager
-def span(name: str, attributes: Attributes) -> Iterator[Span]:
+class span:  # lower case: it reads as a function, ``with span(name, attributes) as current:``
     """A span named ``name`` around the block, the current span its parent.
 
     An exception leaving the block sets ``error.type`` (its class name) and
     the error status; its message is not recorded, since a driver's message
-    may quote a value.
+    may quote a value.  A class rather than a generator: it wraps every
+    admission, and without a provider it costs one check.
     """
-    found = _lookup()
-    if found is None:
-        yield Span(None)
-        return
-    with found.tracer.start_as_current_span(
-        name, attributes=attributes, record_exception=False, set_status_on_exception=False
-    ) as current:
-        try:
-            yield Span(current)
-        except BaseException as exc:
-            current.set_attribute("error.type", type(exc).__name__)
-            current.set_status(found.status_error)
-            raise
+
+    __slots__ = ("_context", "_found", "_span")
+
+    def __init__(self, name: str, attributes: Attributes) -> None:
+        found = _lookup()
+        self._found = None if found is None or found.idle() else found
+        self._context: Any = None
+        if self._found is not None:
+            self._context = self._found.tracer.start_as_current_span(
+                name, attributes=attributes, record_exception=False, set_status_on_exception=False
+            )
+
+    def __enter__(self) -> Span:
+        if self._context is None:
+            return Span(None)
+        self._span = self._context.__enter__()
+        return Span(self._span)
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        if self._context is None:
+            return
+        if error is not None and self._found is not None:
+            self._span.set_attribute("error.type", type(error).__name__)
+            self._span.set_status(self._found.status_error)
+        self._context.__exit__(kind, error, trace)
 
 
 class Timer:
