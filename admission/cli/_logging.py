@@ -9,16 +9,20 @@ one line on stderr (docs/observability.md).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 from typing import Final
 
 from admission import __version__
-from admission.cli._common import UsageError, mask_secrets
+from admission.cli._common import ENV_DB, UsageError, mask_secrets
 from admission.intent import ACCELERATED
 from admission.telemetry import ROOT_LOGGER
 
-__all__ = ["ENV_LOG_LEVEL", "ENV_PURE_PYTHON", "LOG_LEVELS", "configure_logging", "version_line"]
+__all__ = [
+    "ENV_LOG_LEVEL", "ENV_PURE_PYTHON", "LOG_LEVELS", "accelerator_state", "configure_logging", "log_command",
+    "version_line",
+]  # fmt: skip
 
 ENV_LOG_LEVEL: Final = "ADMISSION_LOG_LEVEL"
 """The level of admission's log lines on stderr when ``--log-level`` is not given."""
@@ -28,6 +32,8 @@ ENV_PURE_PYTHON: Final = "ADMISSION_PURE_PYTHON"
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 """The levels ``--log-level`` takes."""
+
+_log: Final = logging.getLogger(f"{ROOT_LOGGER}.cli")
 
 _FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -54,6 +60,15 @@ def configure_logging(option: str | None) -> None:
     root = logging.getLogger(ROOT_LOGGER)
     root.addHandler(handler)
     root.setLevel(value.upper())
+    _log.debug("log lines from %s on (%s)", value.lower(), field)
+
+
+def log_command(args: argparse.Namespace) -> None:
+    """A DEBUG line naming the command and its database (the URL's password masked)."""
+    if not _log.isEnabledFor(logging.DEBUG):
+        return
+    url = getattr(args, "db", None) or os.environ.get(ENV_DB)
+    _log.debug("command %s, database %s", args.command, mask_secrets(url) if url else "the default")
 
 
 def accelerator_state() -> str:

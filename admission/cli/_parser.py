@@ -33,7 +33,7 @@ from admission.cli._common import (
     mask_secrets,
     print_error,
 )
-from admission.cli._logging import ENV_LOG_LEVEL, LOG_LEVELS, configure_logging, version_line
+from admission.cli._logging import ENV_LOG_LEVEL, LOG_LEVELS, configure_logging, log_command, version_line
 from admission.errors import (
     AdmissionError,
     FencedError,
@@ -242,6 +242,7 @@ def _run(argv: list[str]) -> int:
     args = _build_parser(worker_commands="worker" in argv).parse_args(argv)
     try:
         configure_logging(args.library_log_level)
+        log_command(args)
         code: int = args.handler(args)
     # Specific before general: a ScopeMismatchError is an InputError, yet the
     # worker's refusal of a record outside its scope exits 4, not 2.

@@ -162,7 +162,7 @@ ALLOWED = {
     "receipts": {"states", "telemetry", "intent", "errors"},
     "worker": {"receipts", "states", "telemetry", "intent", "errors"},
     "jobs": {"states", "telemetry", "intent", "errors"},
-    "sql": {"receipts", "worker", "jobs", "states", "intent", "errors"},
+    "sql": {"receipts", "worker", "jobs", "states", "telemetry", "intent", "errors"},
     "admission": {"sql", "receipts", "intent", "errors"},
     "aio": {"sql", "receipts", "worker", "jobs", "states", "intent", "errors"},
     "http": {"admission", "aio", "receipts", "intent", "errors"},

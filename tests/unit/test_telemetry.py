@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -30,7 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from admission import AdmissionService, MemoryStore, telemetry
 from admission.aio import AsyncAdmissionService
 from admission.cli import main
-from admission.errors import InvalidValueError, RetryableJobError, RunStateError, StorageError
+from admission.errors import InputError, InvalidValueError, RetryableJobError, RunStateError, StorageError
 from admission.intent import receipt_token
 from admission.jobs import Job, JobRunner, MemoryJobStore
 from admission.receipts import utc_now
@@ -407,9 +409,13 @@ def test_no_log_line_holds_a_key_an_argument_a_result_or_a_secret(
         )
         assert not [secret for secret in SECRETS if secret in seen], record.getMessage()
     # The sequence was logged at all: every part spoke, and the receipt token (a digest) may appear.
-    assert {"admission.receipts", "admission.worker", "admission.jobs", "admission.http"} <= {
-        r.name for r in records
-    }
+    assert {
+        "admission.receipts",
+        "admission.sql",
+        "admission.worker",
+        "admission.jobs",
+        "admission.http",
+    } <= {r.name for r in records}
     token = receipt_token("update", SECRET_KEY)
     assert any(token in r.getMessage() for r in records)
     levels = {(r.name, r.levelname) for r in records}
@@ -417,6 +423,37 @@ def test_no_log_line_holds_a_key_an_argument_a_result_or_a_secret(
     assert ("admission.receipts", "INFO") in levels  # the conflict
     assert ("admission.worker", "WARNING") in levels  # a record left uncertain
     assert ("admission.jobs", "WARNING") in levels  # a failed step
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    key=st.text(min_size=1, max_size=40).map(lambda text: f"key\u2063{text}"),
+    argument=st.text(min_size=1, max_size=40).map(lambda text: f"argument\u2063{text}"),
+    result=st.text(min_size=1, max_size=40).map(lambda text: f"result\u2063{text}"),
+)
+def test_no_key_argument_or_result_reaches_a_log_line_whatever_it_holds(
+    caplog: pytest.LogCaptureFixture, key: str, argument: str, result: str
+) -> None:
+    # Each value carries a mark (U+2063) no message of admission holds, so that finding it means
+    # the value itself was logged, never a word of admission's own that it happens to equal.
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="admission"):
+        service = AdmissionService(MemoryStore())
+        service.start_run(NS, "wf-1")
+        try:
+            fresh = service.admit_update(NS, "wf-1", "charge", {"card": argument}, request_id=key)
+        except InputError:  # a key admission refuses (contract §2.3): nothing admitted, nothing to log
+            return
+        service.admit_update(NS, "wf-1", "charge", {"card": argument}, request_id=key)
+        service.admit_update(NS, "wf-1", "charge", [argument], request_id=key)
+        assert fresh.update_id is not None
+        service.complete_update(NS, "wf-1", fresh.update_id, result)
+        service.admit_signal(NS, "wf-1", "poke", [argument], request_id=key)
+    records = [r for r in caplog.records if r.name.startswith("admission")]
+    assert len(records) == 6  # start, fresh, retained, conflict, complete, signal
+    for record in records:
+        seen = record.getMessage() + repr(record.args)
+        assert "\u2063" not in seen, seen
 
 
 def test_the_command_line_logs_on_request_and_never_the_key_or_arguments(
@@ -451,6 +488,18 @@ def test_the_command_line_logs_on_request_and_never_the_key_or_arguments(
         in (done.stderr)
     )
     assert not [secret for secret in SECRETS if secret in done.stderr]
+    # A URL's password is masked in the line naming the database, and the storage error names no value.
+    unreachable = f"postgresql+psycopg://admission:{SECRET_PASSWORD}@127.0.0.1:1/nowhere"
+    failed = subprocess.run(
+        [sys.executable, "-m", "admission", "--db", unreachable, "start", "wf-1"],
+        env=environ,
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode == 5
+    assert "DEBUG admission.cli: command start, database postgresql+psycopg://admission:***@" in failed.stderr
+    assert "INFO admission.sql: OperationalError from the driver became StorageError" in failed.stderr
+    assert SECRET_PASSWORD not in failed.stderr
     # The option wins over the variable: at warning, a retained answer is not a line.
     quiet = subprocess.run(
         [sys.executable, "-m", "admission", "--log-level", "warning", *admit],
