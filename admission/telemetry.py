@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import metadata
 from types import TracebackType
 from typing import Any, Final
 
@@ -115,6 +114,9 @@ def configure(*, tracer_provider: object | None = None, meter_provider: object |
 
 
 def _version() -> str | None:
+    # Imported here: importlib.metadata is not light, and only the first span needs it.
+    from importlib import metadata
+
     try:
         return metadata.version("admission")
     except metadata.PackageNotFoundError:

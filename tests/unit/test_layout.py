@@ -210,7 +210,7 @@ def test_every_face_exports_what_it_lists_with_docstrings() -> None:
     import importlib
     import inspect
 
-    for face in ("", *(f".{name}" for name in FACES), ".errors", ".testing"):
+    for face in ("", *(f".{name}" for name in FACES), ".errors", ".testing", ".telemetry"):
         module = importlib.import_module(f"admission{face}")
         assert module.__doc__, face
         for name in module.__all__:

@@ -29,6 +29,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import admission
 from admission import AdmissionService, MemoryStore, telemetry
 from admission.aio import AsyncAdmissionService
 from admission.cli import main
@@ -47,6 +48,7 @@ NS = "payments"
 class Recorded:
     exporter: InMemorySpanExporter
     reader: InMemoryMetricReader
+    tracer_provider: TracerProvider
 
     def spans(self) -> list[tuple[str, dict[str, Any], str]]:
         """Every finished span: name, attributes, status, in the order they ended."""
@@ -90,7 +92,7 @@ def otel() -> Iterator[Recorded]:
     meter_provider = MeterProvider(metric_readers=[reader])
     telemetry.configure(tracer_provider=tracer_provider, meter_provider=meter_provider)
     try:
-        yield Recorded(exporter, reader)
+        yield Recorded(exporter, reader, tracer_provider)
     finally:
         telemetry.configure()
         tracer_provider.shutdown()
@@ -192,6 +194,8 @@ def test_a_known_sequence_makes_exactly_these_spans_and_counts(otel: Recorded) -
     assert otel.spans() == EXPECTED_SPANS
     # Every span is a root: no caller's span was current.
     assert all(span.parent is None for span in otel.finished())
+    scopes = {(s.instrumentation_scope.name, s.instrumentation_scope.version) for s in otel.finished()}
+    assert scopes == {("admission", admission.__version__)}
     assert {name for name, *_ in EXPECTED_SPANS} <= set(telemetry.SPANS)
     assert {key for _, attributes, _ in EXPECTED_SPANS for key in attributes} <= set(telemetry.ATTRIBUTES)
 
@@ -230,7 +234,7 @@ def test_the_async_service_makes_the_same_spans_as_children_of_the_callers_span(
     synchronous = otel.spans()
     otel.exporter.clear()
     service = AsyncAdmissionService(MemoryStore())
-    tracer = otel_tracer()
+    tracer = otel.tracer_provider.get_tracer("engine")
 
     async def engine() -> None:
         with tracer.start_as_current_span("engine.step"):
@@ -248,14 +252,6 @@ def test_the_async_service_makes_the_same_spans_as_children_of_the_callers_span(
     assert outer.name == "engine.step"
     assert [(s.name, dict(s.attributes or {}), s.status.status_code.name) for s in inner] == synchronous[:7]
     assert all(s.parent is not None and s.parent.span_id == outer.context.span_id for s in inner)
-
-
-def otel_tracer() -> Any:
-    from opentelemetry import trace
-
-    provider = telemetry._explicit["tracer_provider"]
-    assert isinstance(provider, TracerProvider)
-    return trace.get_tracer("engine", tracer_provider=provider)
 
 
 def test_a_worker_cycle_and_job_steps_make_their_spans(otel: Recorded, tmp_path: Path) -> None:
@@ -516,6 +512,7 @@ WITHOUT_OTEL = """
 import sys
 from datetime import timedelta
 sys.modules["opentelemetry"] = None  # as if not installed: every import of it fails
+import admission
 import admission
 from admission import AdmissionService, MemoryStore, telemetry
 from admission.receipts import utc_now
