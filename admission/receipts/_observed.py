@@ -116,9 +116,13 @@ def _finish(operation: str, method: Method[Admission]) -> Method[Admission]:
                 raise
             span.set(_admission_attributes(answer))
             _log.debug(
-                "%s %s in %s: %s, %s", operation, answer.update_id, answer.namespace, answer.decision,
+                "%s %s in %s: %s, %s",
+                operation,
+                answer.update_id,
+                answer.namespace,
+                answer.decision,
                 answer.outcome,
-            )  # fmt: skip
+            )
             return answer
 
     return finish
