@@ -35,7 +35,15 @@ from admission.receipts._store import (
     RunRow,
     UpdateRow,
 )
-from admission.sql._connections import USES, WRITE_CONNECTIONS, Readers, Writers, replan_due
+from admission.sql._connections import (
+    READ_CONNECTIONS,
+    USES,
+    WRITE_CONNECTIONS,
+    LendingReaders,
+    Readers,
+    Writers,
+    replan_due,
+)
 from admission.sql._engine import (
     DEFAULT_URL,
     WRITE_OPTION,
@@ -265,13 +273,22 @@ class SqlStore:
         self._raw = ReceiptStatements(engine.dialect)
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
+        # On an asyncio engine (the sync_engine of admission.aio.open_store) every task runs on
+        # the loop's thread: reads borrow a connection instead of keeping one per thread.
+        self._lending = LendingReaders(engine, READ_CONNECTIONS) if engine.dialect.is_async else None
         self._readers = Readers(engine)
         self._writers = Writers(self._write_engine, WRITE_CONNECTIONS)
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         # psycopg's pipeline mode needs libpq 14 or later; without it the lock
-        # and the lookup take a round trip each.
+        # and the lookup take a round trip each.  SQLAlchemy's adapter of
+        # psycopg's AsyncConnection has no pipeline(): two round trips there.
         pipeline = getattr(engine.dialect.loaded_dbapi, "Pipeline", None)
-        self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
+        self._pipeline = (
+            self.postgres
+            and not engine.dialect.is_async
+            and pipeline is not None
+            and bool(pipeline.is_supported())
+        )
         if check:
             with self._read() as conn:
                 check_revision(conn)
@@ -284,6 +301,8 @@ class SqlStore:
     def dispose(self) -> None:
         """Close the engine's pooled connections and this process's kept read and write connections."""
         self._readers.close()
+        if self._lending is not None:
+            self._lending.close()
         self._writers.close()
         self.engine.dispose()
 
@@ -426,22 +445,33 @@ class SqlStore:
         }
         found: list[tuple[CommandRow, UpdateRow | None]]
         with self._translate():
-            try:
-                cursor = self._readers.cursor()
-                if command_type == "signal":
-                    signals = self._raw.signal_receipts.tuples(cursor, params)
-                    found = [(command_of_columns(r), None) for r in signals]
-                else:
-                    rows = self._raw.receipts.rows(cursor, params)
-                    found = [(command_row(r), optional_update_row(r)) for r in rows]
-                if found:
-                    # Never answer a retry from a file a restart will not open (docs/guide.md).
-                    verify_file(cursor.connection)
-            except self._dbapi_error:
-                # A connection that failed is not read from again.
-                self._readers.discard()
-                raise
+            if self._lending is not None:
+                with self._lending.lend() as (connection, cursor):
+                    found = self._receipts_on(connection, cursor, command_type, params)
+            else:
+                try:
+                    cursor = self._readers.cursor()
+                    found = self._receipts_on(cursor.connection, cursor, command_type, params)
+                except self._dbapi_error:
+                    # A connection that failed is not read from again.
+                    self._readers.discard()
+                    raise
         return receipt_order(found) if len(found) > 1 else found
+
+    def _receipts_on(
+        self, connection: Any, cursor: Any, command_type: str, params: Mapping[str, Any]
+    ) -> list[tuple[CommandRow, UpdateRow | None]]:
+        found: list[tuple[CommandRow, UpdateRow | None]]
+        if command_type == "signal":
+            signals = self._raw.signal_receipts.tuples(cursor, params)
+            found = [(command_of_columns(r), None) for r in signals]
+        else:
+            rows = self._raw.receipts.rows(cursor, params)
+            found = [(command_row(r), optional_update_row(r)) for r in rows]
+        if found:
+            # Never answer a retry from a file a restart will not open (docs/guide.md).
+            verify_file(connection)
+        return found
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""
