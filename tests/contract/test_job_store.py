@@ -56,6 +56,8 @@ from admission.jobs import (
 )
 from tests.support.jobkit import LEASE, Counting, JobStores, ManualClock, expire, footprint, jobs_on
 
+pytestmark = pytest.mark.async_stores
+
 
 @pytest.fixture
 def clock() -> ManualClock:
@@ -676,6 +678,8 @@ class _Watched:
 def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
     job_stores: JobStores, jobs: JobService, target: LocalPublisher, renewing: bool
 ) -> None:
+    if renewing and job_stores.backend.endswith("-async"):
+        pytest.skip("the runner renews from a thread of its own: it stays synchronous (docs/async.md)")
     other_clock = ManualClock()
     other = jobs_on(job_stores.open(), other_clock)
     try:

@@ -27,6 +27,8 @@ from admission.sql._schema import (
     workflow_updates,
 )
 
+pytestmark = pytest.mark.async_stores
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 # Most tests here let weeks pass with nothing written, as in an idle store:
 # pruning's cap on a clock far ahead of the newest recorded time (tested

@@ -50,6 +50,8 @@ from admission.worker import (
     write_json_atomically,
 )
 
+pytestmark = pytest.mark.async_stores
+
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
 QUEUE = "default"
 
