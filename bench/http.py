@@ -194,7 +194,9 @@ def prepare(url: str) -> None:
         engine.dispose()
 
 
-def bench(backend: str, url: str, tag: str, rounds: int, seconds: float) -> list[Row]:
+def bench(
+    backend: str, url: str, tag: str, rounds: int, seconds: float
+) -> list[Row]:
     """Rows (backend, measurement, candidate, median ops/s, ratio, µs added) for one backend."""
     prepare(url)
     with server(url) as base_url:
