@@ -33,8 +33,8 @@ def pytest_configure(config: pytest.Config) -> None:
     """Register the marker of the suites that also run on async stores."""
     config.addinivalue_line(
         "markers",
-        "async_stores: the suite also runs on async stores (memory-async, sqlite-async, "
-        "postgresql-async; tests/support/aio.py)",
+        "async_stores(*backends): the suite also runs on async stores (memory-async, sqlite-async, "
+        "postgresql-async; tests/support/aio.py); backends, if given, limit which",
     )
 
 
@@ -46,12 +46,22 @@ BACKEND_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in SQL_BACKENDS)]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the async variants only in the suites marked ``async_stores``."""
-    dropped = [i for i in items if is_async_item(i) and i.get_closest_marker("async_stores") is None]
+    """Keep the async variants only in the suites marked ``async_stores``, on the backends it names."""
+    dropped = [i for i in items if is_async_item(i) and not _async_kept(i)]
     if dropped:
         gone = set(map(id, dropped))
         config.hook.pytest_deselected(items=dropped)
         items[:] = [i for i in items if id(i) not in gone]
+
+
+def _async_kept(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("async_stores")
+    if marker is None:
+        return False
+    if not marker.args:
+        return True
+    params = item.callspec.params  # type: ignore[attr-defined]
+    return any(base_backend(str(params.get(name, ""))) in marker.args for name in ("store", "backend"))
 
 
 @pytest.hookimpl(tryfirst=True)

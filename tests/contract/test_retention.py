@@ -27,7 +27,8 @@ from admission.sql._schema import (
     workflow_updates,
 )
 
-pytestmark = pytest.mark.async_stores
+# On PostgreSQL the async path adds little to what test_service.py shows there, for much time.
+pytestmark = pytest.mark.async_stores("memory", "sqlite")
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 # Most tests here let weeks pass with nothing written, as in an idle store:
