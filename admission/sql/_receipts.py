@@ -52,6 +52,8 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
+from admission.sql._greenlet import wait
+from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND,
     INSERT_COMMAND,
@@ -86,6 +88,20 @@ from admission.sql._schema import (
 from admission.sql._sqlite_file import verify_file
 
 __all__ = ["SqlStore"]
+
+
+async def _pipelined(
+    connection: Any, lock: RawStatement, lookup: RawStatement, params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """:meth:`SqlStore._lock_rows` in one round trip on psycopg's ``AsyncConnection``."""
+    lock_cursor = connection.cursor()
+    lookup_cursor = connection.cursor()
+    async with connection.pipeline():
+        await lock_cursor.execute(lock.sql, lock.parameters(params))
+        await lookup_cursor.execute(lookup.sql, lookup.parameters(params))
+    if not await lock_cursor.fetchall():
+        return []
+    return lookup.as_rows(lookup_cursor.description, await lookup_cursor.fetchall())
 
 
 class _SqlLocked:
@@ -281,14 +297,11 @@ class SqlStore:
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         # psycopg's pipeline mode needs libpq 14 or later; without it the lock
         # and the lookup take a round trip each.  SQLAlchemy's adapter of
-        # psycopg's AsyncConnection has no pipeline(): two round trips there.
+        # psycopg's AsyncConnection has no pipeline(): on an asyncio engine the
+        # pipeline is driven on the AsyncConnection itself (_pipelined).
         pipeline = getattr(engine.dialect.loaded_dbapi, "Pipeline", None)
-        self._pipeline = (
-            self.postgres
-            and not engine.dialect.is_async
-            and pipeline is not None
-            and bool(pipeline.is_supported())
-        )
+        self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
+        self._async = engine.dialect.is_async
         if check:
             with self._read() as conn:
                 check_revision(conn)
@@ -373,6 +386,10 @@ class SqlStore:
         # is granted, and sees every commit made before.
         if not self._pipeline:
             return lookup.rows(cursor, params) if lock.rows(cursor, params) else []
+        if self._async:
+            # The connection is this transaction's alone: its statements are
+            # awaited here as the adapter would await them.
+            return wait(_pipelined(dbapi.driver_connection, lock, lookup, params))
         lookup_cursor = dbapi.cursor()
         with dbapi.pipeline():
             cursor.execute(lock.sql, lock.parameters(params))
