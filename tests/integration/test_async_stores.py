@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -232,3 +233,10 @@ def test_the_worker_intake_relay_and_job_service_on_async_stores(db_url: str, tm
             await jobs.dispose()
 
     asyncio.run(main())
+
+
+@pytest.mark.skipif("sqlite" not in SQL_BACKENDS, reason="ADMISSION_TEST_BACKEND excludes SQLite")
+def test_the_example_of_docs_async_runs() -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "async.md"
+    [block] = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
+    exec(compile(block, "docs/async.md", "exec"), {"__name__": "docs.async"})
