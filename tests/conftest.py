@@ -48,6 +48,11 @@ BACKEND_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in SQL_BACKENDS)]
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the async variants only in the suites marked ``async_stores``, on the backends it names."""
     dropped = [i for i in items if is_async_item(i) and not _async_kept(i)]
+    for item in items:
+        if is_async_item(item):
+            # A thread of the test's that reached the async store (a statement outside the
+            # greenlet) fails the test, rather than a warning after it passed.
+            item.add_marker(pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"))
     if dropped:
         gone = set(map(id, dropped))
         config.hook.pytest_deselected(items=dropped)

@@ -712,11 +712,14 @@ def test_a_step_longer_than_the_lease_keeps_it_while_the_runner_renews(
 
 
 def test_a_renewal_that_fails_for_a_busy_database_is_tried_again_at_the_next_beat(
-    jobs: JobService, target: LocalPublisher
+    jobs: JobService, target: LocalPublisher, backend: str
 ) -> None:
     import threading
 
     from admission.errors import StorageError
+
+    if backend.endswith("-async"):
+        pytest.skip("the runner renews from a thread of its own: it stays synchronous (docs/async.md)")
 
     jobs.enqueue(job(steps=2))
     calls: list[str] = []
