@@ -200,8 +200,12 @@ def _admission_engine(url: str, schema: str | None, kwargs: dict[str, Any]) -> E
 
 
 def _is_async(url: str) -> bool:
-    driver = make_url(url).get_driver_name()
-    return driver in {name.partition("+")[2] for name in _ASYNC_DRIVERS.values()}
+    parsed = make_url(url)
+    try:
+        return bool(parsed.get_dialect().is_async)
+    except ImportError:
+        # Not installed: the ones admission maps to are named, to say what to install.
+        return parsed.get_driver_name() in {name.partition("+")[2] for name in _ASYNC_DRIVERS.values()}
 
 
 def _check_schema(schema: str, url: URL) -> None:

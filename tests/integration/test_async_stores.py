@@ -39,7 +39,7 @@ from admission.sql import (
     create_admission_engine,
     create_async_admission_engine,
 )
-from admission.sql._connections import READ_CONNECTIONS
+from admission.sql._connections import READ_CONNECTIONS, REPLAN_AFTER
 from admission.worker import Scope, record_outbox
 from tests.support.backends import SQL_BACKENDS, sqlite_url
 
@@ -79,6 +79,16 @@ def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answe
             # The reads overlapped (more than one connection was lent at once), within the bound.
             lending = store.sync._lending  # type: ignore[attr-defined]
             assert 2 <= lending._kept <= READ_CONNECTIONS
+            # One task reading on and on: its connection is replaced when its statements are
+            # due to be planned again (REPLAN_AFTER), and the answers stay right.
+            before = [held[0] for held in lending._free]  # kept referenced: ids are not reused
+            for n in range(REPLAN_AFTER[0] + 10):
+                key = f"key-{n % TASKS}"
+                kind = "signal" if n % TASKS % 2 else "update"
+                found = await service.receipt(NS, WORKFLOWS[n % TASKS % len(WORKFLOWS)], kind, key)
+                assert found is not None and found.command_id == answers[n % TASKS][2]
+            assert any(all(held[0] is not old for old in before) for held in lending._free)
+            assert lending._kept <= READ_CONNECTIONS
         finally:
             await store.dispose()
 
