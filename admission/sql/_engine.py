@@ -118,6 +118,11 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     A URL that cannot be parsed, or that names a dialect or driver that is
     not installed, raises :class:`~admission.errors.InputError` (``field``
     ``url``), keeping SQLAlchemy's error as the cause.
+
+    A URL naming an asyncio driver (``sqlite+aiosqlite``,
+    ``postgresql+psycopg_async``) gives the ``sync_engine`` of
+    :func:`create_async_admission_engine`'s engine: statements on it run only
+    inside :func:`admission.aio.run_sync` (migrations need a synchronous URL).
     """
     engine = _admission_engine(url, schema, kwargs)
     # An asyncio driver's URL: the synchronous face of its engine, for code run by admission.aio.run_sync.
