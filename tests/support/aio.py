@@ -77,3 +77,38 @@ def run_in_loop(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     with asyncio.Runner() as runner:
         runner.run(run_sync(runtestprotocol, item, nextitem=nextitem, log=True))
     item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+class AsyncTwins:
+    """Async services over the databases of synchronous ones, for apps served in a test.
+
+    The app awaits the async service on its own loop (as ``admission serve``
+    does); the test sets up and checks through the synchronous service on the
+    same database.  Each store is opened and checked on a loop of its own and
+    its connections closed, so the app's loop opens its own; :meth:`close`
+    closes what the app's loop opened.
+    """
+
+    def __init__(self) -> None:
+        self._stores: list[Any] = []
+
+    def twin(self, service: Any) -> AsyncAdmissionService:
+        """The async service on ``service``'s database (its store is a ``SqlStore``)."""
+        from admission.aio import open_store
+
+        url = service.store.engine.url.render_as_string(hide_password=False)
+
+        async def opened() -> Any:
+            store = await open_store(url)
+            await store.dispose()
+            return store
+
+        store = asyncio.run(opened())
+        self._stores.append(store)
+        return AsyncAdmissionService(store)
+
+    def close(self) -> None:
+        """Close every twin's connections."""
+        for store in self._stores:
+            asyncio.run(store.dispose())
+        self._stores.clear()
