@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from admission.receipts import MemoryStore, Store
+from admission.sql import SqlStore, create_awaited_engine
 from tests.support.aio import ASYNC, AwaitedService, backend_url_for, base_backend, is_async_item, run_in_loop
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
 from tests.support.jobkit import JobStores
@@ -125,6 +126,14 @@ def store(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path:
             yield MemoryStore()
             return
         url = database_url(base_backend(name), postgres_pool, tmp_path)
+        if name == f"sqlite{ASYNC}":
+            # What admission.aio.open_store runs SQLite on: sqlite3 on the loop's thread,
+            # the wait for another writer's lock awaited (the worker and job suites'
+            # async variants run on aiosqlite, where every statement is awaited).
+            engine = create_awaited_engine(url)
+            yield SqlStore(engine)
+            engine.dispose()
+            return
         for opened in open_store(str(backend_url_for(name, url))):
             # An async variant's statements are awaited (tests/support/aio.py).
             assert opened.engine.dialect.is_async == name.endswith(ASYNC)

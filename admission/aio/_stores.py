@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from admission.aio._bridge import awaiting, run_sync
 from admission.aio._service import AsyncStore
 from admission.jobs import JobService, JobStore
-from admission.sql import SqlJobStore, SqlStore, SqlWorkerStore, create_async_admission_engine
+from admission.sql import SqlJobStore, SqlStore, SqlWorkerStore, create_awaited_engine
 from admission.worker import DurableWorker, OutboxRelay, Scope, WorkerStore
 
 __all__ = [
@@ -37,12 +37,12 @@ S = TypeVar("S")
 
 
 async def _opened(url: str, opener: Callable[[Engine], S], engine_options: dict[str, Any]) -> S:
-    engine = create_async_admission_engine(url, **engine_options)
+    engine = create_awaited_engine(url, **engine_options)
     try:
         # Opening reads the schema revision: a statement, so awaited too.
-        return await run_sync(opener, engine.sync_engine)
+        return await run_sync(opener, engine)
     except BaseException:
-        await engine.dispose()
+        await run_sync(engine.dispose)
         raise
 
 

@@ -12,12 +12,15 @@ begin their message with their constraint's name), never by free text.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
@@ -27,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
+from admission.sql._greenlet import greenlets, wait
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
@@ -38,6 +42,7 @@ __all__ = [
     "constraint_name",
     "create_admission_engine",
     "create_async_admission_engine",
+    "create_awaited_engine",
     "insert_or_ignore",
     "is_postgresql",
     "masked_url",
@@ -98,7 +103,13 @@ def schema_of(engine: Engine) -> str | None:
     return schema if isinstance(schema, str) else None
 
 
-def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> Engine:
+LockWait = Literal["blocking", "awaited"]
+"""How a SQLite writer waits for another's lock: in SQLite's busy handler, or on the event loop."""
+
+
+def create_admission_engine(
+    url: str, *, schema: str | None = None, lock_wait: LockWait = "blocking", **kwargs: Any
+) -> Engine:
     """Create an engine configured as admission needs it.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
@@ -111,6 +122,12 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     replaced or moved away under the process is refused as
     :class:`~admission.errors.StorageError`, never acknowledged, and the
     engine opens no other file until it is disposed.
+
+    ``lock_wait="awaited"`` (SQLite; the async stores' engine, ``docs/async.md``):
+    a write transaction that finds another writer's lock is retried after
+    sleeps awaited on the event loop (when run by :func:`admission.aio.run_sync`)
+    instead of waiting in SQLite's busy handler, which would hold the loop;
+    the same overall wait, :data:`SQLITE_BUSY_TIMEOUT_MS`.
 
     ``schema`` (PostgreSQL only) puts every admission table, the version
     table included, in that schema instead of the default one: each
@@ -126,6 +143,10 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     :func:`create_async_admission_engine`'s engine: statements on it run only
     inside :func:`admission.aio.run_sync` (migrations need a synchronous URL).
     """
+    if lock_wait not in ("blocking", "awaited"):
+        raise InputError("must be blocking or awaited", field="lock_wait")
+    if lock_wait == "awaited":
+        kwargs[_AWAITED_LOCK] = True
     engine = _admission_engine(url, schema, kwargs)
     # An asyncio driver's URL: the synchronous face of its engine, for code run by admission.aio.run_sync.
     return engine.sync_engine if isinstance(engine, AsyncEngine) else engine
@@ -181,6 +202,28 @@ def create_async_admission_engine(url: str, *, schema: str | None = None, **kwar
     return engine
 
 
+def create_awaited_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> Engine:
+    """The engine admission's async stores run on, inside :func:`admission.aio.run_sync` (``docs/async.md``).
+
+    SQLite (``sqlite://``): the standard ``sqlite3`` driver on the event
+    loop's own thread, with ``lock_wait="awaited"``.  An embedded database
+    answers in microseconds, where handing each statement to a driver thread
+    (aiosqlite) costs a thread switch each way; what can take long, waiting
+    for another process's write lock, is awaited on the loop.  A commit's
+    fsync runs on the loop's thread.  A URL naming an asyncio driver
+    (``sqlite+aiosqlite``), and PostgreSQL (psycopg's ``AsyncConnection``):
+    the ``sync_engine`` of :func:`create_async_admission_engine`, every
+    statement awaited.
+    """
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError) as exc:
+        raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+    if parsed.get_backend_name() == "sqlite" and not _is_async(url):
+        return create_admission_engine(url, schema=schema, lock_wait="awaited", **kwargs)
+    return create_async_admission_engine(url, schema=schema, **kwargs).sync_engine
+
+
 def _admission_engine(url: str, schema: str | None, kwargs: dict[str, Any]) -> Engine | AsyncEngine:
     try:
         parsed = make_url(normalize_url(url))
@@ -232,8 +275,48 @@ def _check_schema(schema: str, url: URL) -> None:
         raise InputError("the URL already sets libpq options; give the schema in one place", field="schema")
 
 
+_AWAITED_LOCK: Final = "admission_awaited_lock"
+"""The key that carries ``lock_wait="awaited"`` to :func:`_configured_engine`."""
+
+
+def _pause(seconds: float) -> None:
+    """Sleep: awaited on the loop inside a greenlet, so other tasks run; else on this thread."""
+    concurrency = greenlets()
+    if concurrency.in_greenlet():
+        wait(asyncio.sleep(seconds))
+    else:
+        time.sleep(seconds)
+
+
+def _begin_immediate_awaited(dbapi_connection: Any) -> None:
+    """``BEGIN IMMEDIATE`` that waits for another writer with :func:`_pause`, never in SQLite.
+
+    SQLite's busy handler sleeps in the driver call, holding the event loop for
+    as long as another process writes; with the handler off for this one
+    statement, a busy answer comes at once and the wait is awaited instead.
+    """
+    dbapi_connection.execute("PRAGMA busy_timeout=0")
+    try:
+        delay, deadline = 0.001, time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+        while True:
+            try:
+                dbapi_connection.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            _pause(delay)
+            delay = min(delay * 2, 0.05)
+    finally:
+        # Every other statement keeps the busy handler (a reader meets a lock only in rare moments).
+        dbapi_connection.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+
+
 def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
     url = normalize_url(url)
+    # An asyncio driver waits for the lock on its own thread, never on the loop.
+    awaited_lock = bool(kwargs.pop(_AWAITED_LOCK, False)) and not _is_async(url)
     # An asyncio driver: the same configuration, on the synchronous face
     # (sync_engine) that admission's stores run on, whose listeners see the
     # driver through SQLAlchemy's adapter (docs/async.md).
@@ -283,7 +366,10 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
                     # taken away"); the check after COMMIT is the one that guarantees it.
                     guarded.check_file()
                 # Both sqlite3's connection and SQLAlchemy's adapter of aiosqlite have execute().
-                dbapi_connection.execute("BEGIN IMMEDIATE")
+                if awaited_lock:
+                    _begin_immediate_awaited(dbapi_connection)
+                else:
+                    dbapi_connection.execute("BEGIN IMMEDIATE")
             except error as exc:
                 raise DBAPIError.instance("BEGIN IMMEDIATE", (), exc, error) from exc
         else:

@@ -7,6 +7,7 @@ the SQL stores use it where they drive an asyncio driver's own connection
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -18,8 +19,12 @@ __all__ = ["greenlets", "wait"]
 R = TypeVar("R")
 
 
+@functools.cache
 def greenlets() -> Any:
-    """SQLAlchemy's greenlet concurrency module, or :class:`InputError` naming what to install."""
+    """SQLAlchemy's greenlet concurrency module, or :class:`InputError` naming what to install.
+
+    Looked up once per process: every awaited call asks for it.
+    """
     # SQLAlchemy imports without greenlet and fails only on first use, with a message about
     # itself: the check names what to install instead.
     if importlib.util.find_spec("greenlet") is None:

@@ -12,6 +12,7 @@ import asyncio
 import os
 import re
 import shutil
+import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -49,9 +50,16 @@ TASKS = 40
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
 
 
-def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answers(db_url: str) -> None:
+@pytest.mark.parametrize("driver", ["default", "asyncio driver"])
+def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answers(
+    db_url: str, driver: str
+) -> None:
+    # SQLite's default runs sqlite3 on the loop's thread; its asyncio driver is aiosqlite
+    # (PostgreSQL has one path: psycopg's AsyncConnection).
+    url = db_url if driver == "default" else async_url(db_url)
+
     async def main() -> None:
-        store = await open_store(db_url)
+        store = await open_store(url)
         service = AsyncAdmissionService(store)
         try:
             runs = {wf: (await service.start_run(NS, wf)).run_id for wf in WORKFLOWS}
@@ -76,13 +84,17 @@ def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answe
                 history = await service.history(NS, wf)
                 mine = {command for _, w, command in answers if w == wf}
                 assert {e.command_id for e in history if e.command_id is not None} == mine
-            # The reads overlapped (more than one connection was lent at once), within the bound.
             lending = store.sync._lending  # type: ignore[attr-defined]
+            if not store.sync.engine.dialect.is_async:  # type: ignore[attr-defined]
+                # sqlite3 on the loop's thread: a read never yields, so one connection serves all.
+                assert lending is None
+                return
+            # The reads overlapped (more than one connection was lent at once), within the bound.
             assert 2 <= lending._kept <= READ_CONNECTIONS
             # One task reading on and on (on a store of its own, whose reads all take one
             # connection): that connection is replaced when its statements are due to be planned
             # again (REPLAN_AFTER), and the answers stay right.
-            reader = await open_store(db_url)
+            reader = await open_store(url)
             reading = AsyncAdmissionService(reader)
             try:
                 for n in range(REPLAN_AFTER[0] + 10):
@@ -257,3 +269,36 @@ def test_the_example_of_docs_async_runs() -> None:
     page = Path(__file__).resolve().parents[2] / "docs" / "async.md"
     [block] = re.findall(r"^```python\n(.*?)^```", page.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL)
     exec(compile(block, "docs/async.md", "exec"), {"__name__": "docs.async"})
+
+
+def test_a_sqlite_writer_waiting_for_another_writers_lock_leaves_the_loop_free(tmp_path: Path) -> None:
+    # SQLite's default async path runs sqlite3 on the loop's thread: SQLite's own busy
+    # handler would hold the loop for as long as another writer holds the lock.  The wait
+    # is awaited instead: other tasks run, and the admission goes through once the lock is free.
+    url = sqlite_url(tmp_path)
+    other = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+
+    async def main() -> None:
+        store = await open_store(url)
+        service = AsyncAdmissionService(store)
+        try:
+            await service.start_run(NS, "wf")
+            other.execute("BEGIN IMMEDIATE")  # another writer holds the lock
+            admitting = asyncio.create_task(service.admit_signal(NS, "wf", "go", {}, request_id="k"))
+            ticks = 0
+            while ticks < 20:
+                await asyncio.sleep(0.005)
+                ticks += 1
+                # A loop held by the busy handler would run no tick until the admission gave up.
+                assert not admitting.done()
+            other.execute("COMMIT")
+            answer = await admitting
+            assert answer.decision is Decision.FRESH
+            assert (await service.receipt(NS, "wf", "signal", "k")) is not None
+        finally:
+            await store.dispose()
+
+    try:
+        asyncio.run(main())
+    finally:
+        other.close()
