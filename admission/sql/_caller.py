@@ -5,7 +5,7 @@ section 6): a SQLAlchemy ``Connection`` in a transaction, an ORM ``Session``,
 or, through :class:`admission.aio.AsyncAdmissionService`, an
 ``AsyncConnection`` or ``AsyncSession``.  :func:`caller_connection` turns
 each into the ``Connection`` of its transaction and checks that it reaches
-the store's database; :func:`hold_write_lock` then makes sure, on SQLite,
+the store's database; :func:`join_transaction` then makes sure, on SQLite,
 that the transaction holds the database's write lock before admission's
 first read.  Nothing here commits or rolls back: the transaction stays the
 caller's.
@@ -24,7 +24,7 @@ from sqlalchemy.util.concurrency import in_greenlet
 from admission.errors import InputError
 from admission.sql._engine import WRITE_OPTION, is_postgresql, schema_of
 
-__all__ = ["caller_connection", "hold_write_lock"]
+__all__ = ["caller_connection", "join_transaction"]
 
 FIELD: Final = "connection"
 
@@ -67,22 +67,28 @@ def caller_connection(engine: Engine, handle: object) -> Connection:
     return connection
 
 
-def hold_write_lock(connection: Connection) -> None:
-    """On SQLite, make the caller's transaction hold the write lock before admission reads.
+def join_transaction(connection: Connection) -> None:
+    """Make the caller's transaction ready for admission's lock (call it inside the error boundary).
 
     The admission lock on SQLite is the database's write lock (contract §4):
-    admission's own transactions and :meth:`SqlStore.begin` take it with
-    ``BEGIN IMMEDIATE``.  A transaction begun another way (a ``Session``, a
+    admission's own transactions, :meth:`SqlStore.begin` and
+    :attr:`SqlStore.write_engine` take it with ``BEGIN IMMEDIATE``.  A
+    transaction begun another way (a ``Session`` on the store's engine, a
     plain ``engine.begin()``) is deferred, so a no-op write takes the lock
-    here.  On PostgreSQL the lock is a row lock, taken by the statements
-    themselves; nothing is done.
+    here, before admission's first read.  On PostgreSQL the lock is a row
+    lock that the statements take themselves; a driver connection in
+    autocommit would release it after each one, so it is refused.
     """
-    if is_postgresql(connection.dialect) or connection.get_execution_options().get(WRITE_OPTION):
+    dbapi: Any = connection.connection.dbapi_connection
+    if is_postgresql(connection.dialect):
+        if getattr(dbapi, "autocommit", False):
+            raise InputError(_AUTOCOMMIT, field=FIELD)
+        return
+    if connection.get_execution_options().get(WRITE_OPTION):
         return
     connection.exec_driver_sql(_TAKE_WRITE_LOCK)
-    dbapi: Any = connection.connection.dbapi_connection
     if not getattr(dbapi, "in_transaction", True):
-        # The driver runs each statement on its own: there is no transaction to join.
+        # The driver ran the statement on its own: there is no transaction to join.
         raise InputError(_AUTOCOMMIT, field=FIELD)
 
 

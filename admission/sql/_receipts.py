@@ -34,7 +34,7 @@ from admission.receipts._store import (
     RunRow,
     UpdateRow,
 )
-from admission.sql._caller import caller_connection, hold_write_lock
+from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._connections import USES, WRITE_CONNECTIONS, Readers, Writers, replan_due
 from admission.sql._engine import (
     DEFAULT_URL,
@@ -385,7 +385,7 @@ class SqlStore:
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with self._translate():
-                hold_write_lock(connection)
+                join_transaction(connection)
                 yield self._lock(connection, namespace, workflow_id, created_at, new_id)
             return
         with self._translate(), self._writers.transaction() as conn:

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, Select, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from admission.receipts._store import EventCursor
-from admission.sql._caller import caller_connection, hold_write_lock
+from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._engine import (
     WRITE_OPTION,
     as_utc,
@@ -333,7 +333,7 @@ class SqlWorkerStore:
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with wrap_exceptions(self.engine.dialect):
-                hold_write_lock(connection)
+                join_transaction(connection)
                 yield _SqlWorkerTransaction(self, connection, queue)
             return
         with self._write() as conn:

@@ -119,7 +119,7 @@ def test_admission_inside_the_callers_transaction_ends_as_the_caller_ends_it(
 
 
 def test_a_handle_that_is_no_transaction_is_refused_naming_connection_and_writes_nothing(
-    store: SqlStore, sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+    store: SqlStore, db_url: str, sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
 ) -> None:
     service = AdmissionService(store)
     service.start_run(NS, WF)
@@ -127,17 +127,25 @@ def test_a_handle_that_is_no_transaction_is_refused_naming_connection_and_writes
     before = counts(store.engine)
     (tmp_path / "other").mkdir()
     elsewhere = create_admission_engine(database_url(sql_backend, postgres_pool, tmp_path / "other"))
+    # On PostgreSQL an engine in autocommit gives a session no transaction at all (admission's
+    # SQLite engine begins one whatever the isolation level says).
+    autocommit = create_admission_engine(db_url, isolation_level="AUTOCOMMIT")
     refused: list[tuple[str, object]] = [("object", object())]
-    with store.engine.connect() as idle:
-        refused.append(("connection outside a transaction", idle))
-        with Session(elsewhere) as foreign, Session() as unbound:
+    with store.engine.connect() as idle, store.engine.connect() as loose:
+        loose.execution_options(isolation_level="AUTOCOMMIT")
+        loose.begin()
+        refused += [("connection outside a transaction", idle), ("connection in autocommit", loose)]
+        with Session(elsewhere) as foreign, Session() as unbound, Session(autocommit) as unguarded:
             refused += [("session on another database", foreign), ("session without a bind", unbound)]
+            if sql_backend == "postgresql":
+                refused.append(("session on an engine in autocommit", unguarded))
             for what, handle in refused:
                 with pytest.raises(InputError) as info:
                     service.admit_signal(NS, WF, "go", [], request_id="k", connection=handle)
                 assert info.value.field == "connection", what
             assert not foreign.in_transaction()
     elsewhere.dispose()
+    autocommit.dispose()
     with pytest.raises(InputError) as info:
         worker.accept({**SCOPE.as_dict(), "source_key": "k", "payload": {}}, connection=object())
     assert info.value.field == "connection"
@@ -161,10 +169,14 @@ def test_a_memory_store_refuses_a_callers_transaction_naming_connection() -> Non
 
 
 @pytest.mark.skipif("sqlite" not in SQL_BACKENDS, reason="SQLite's write lock is the subject")
-def test_concurrent_sessions_on_sqlite_all_admit_once_they_hold_the_write_lock(tmp_path: Path) -> None:
-    # A Session's transaction begins deferred: were admission to read before it holds the write
-    # lock, a rival's commit in between would make its first write fail as busy (SQLite refuses to
-    # move a stale snapshot forward).  Every admission here must succeed, each one exactly once.
+@pytest.mark.parametrize("read_first", [False, True], ids=["store.engine", "write_engine-read-first"])
+def test_concurrent_sessions_on_sqlite_all_admit_once_they_hold_the_write_lock(
+    tmp_path: Path, read_first: bool
+) -> None:
+    # A transaction that reads, and then writes after a rival's commit, fails as busy: SQLite
+    # refuses to move its snapshot forward.  A Session on the store's engine begins deferred, so
+    # admission must take the write lock before it reads; one on ``write_engine`` holds it from
+    # its first statement, its own read included.  Every admission must succeed, exactly once.
     store = SqlStore.open(sqlite_url(tmp_path))
     host.create_all(store.engine)
     service = AdmissionService(store)
@@ -177,7 +189,9 @@ def test_concurrent_sessions_on_sqlite_all_admit_once_they_hold_the_write_lock(t
         start.wait()
         for n in range(per_thread):
             try:
-                with Session(store.engine) as session, session.begin():
+                with Session(store.write_engine if read_first else store.engine) as session, session.begin():
+                    if read_first:
+                        session.execute(select(func.count()).select_from(orders)).scalar_one()
                     service.admit_signal(
                         NS, WF, "tick", [worker, n], request_id=f"{worker}-{n}", connection=session
                     )
