@@ -42,6 +42,17 @@ def counts(engine: Engine) -> dict[str, int]:
 
 Execute = Callable[[Any], object]
 
+GROWN = {
+    "workflow_commands": 2,
+    "workflow_updates": 1,
+    "workflow_history_events": 4,
+    "worker_records": 1,
+    "worker_events": 1,
+    "engine_orders": 1,
+}
+"""What one engine step commits: two commands, one update, four events (received, accepted,
+applied, completed), one worker record and its event, and the caller's own row."""
+
 
 @contextmanager
 def caller_transaction(form: str, store: SqlStore, *, commit: bool) -> Iterator[tuple[object, Execute]]:
@@ -100,17 +111,7 @@ def test_admission_inside_the_callers_transaction_ends_as_the_caller_ends_it(
         assert after == before
         assert retry.decision is Decision.FRESH  # the key stayed free
         return
-    grown = {name: after[name] - before[name] for name in after if after[name] != before[name]}
-    # Two commands, one update, four events (received, accepted, applied, completed), one worker
-    # record and its event, and the caller's own row: one transaction.
-    assert grown == {
-        "workflow_commands": 2,
-        "workflow_updates": 1,
-        "workflow_history_events": 4,
-        "worker_records": 1,
-        "worker_events": 1,
-        "engine_orders": 1,
-    }
+    assert {name: after[name] - before[name] for name in after if after[name] != before[name]} == GROWN
     assert retry.retained and retry.result == {"approved": True}
     with store.engine.connect() as conn:
         assert conn.execute(select(orders.c.state)).scalar_one() == "approved"
