@@ -20,6 +20,7 @@ from admission.errors import (
     AdmissionError,
     BeforeWriteError,
     CodecError,
+    CommandKeyError,
     FencedError,
     InputError,
     InvalidCommandTypeError,
@@ -34,6 +35,8 @@ from admission.errors import (
     OwnershipError,
     QueueFullError,
     RecordStateError,
+    RequestIdAmbiguousError,
+    RequestIdConflictError,
     ReservedRequestIdError,
     RetryableJobError,
     RunStateError,
@@ -49,6 +52,8 @@ from admission.errors import (
     UnknownJobError,
     UnknownUpdateError,
     UnstampedSchemaError,
+    UpdateFailedError,
+    UpdateInProgressError,
     WorkerLockedError,
 )
 from admission.intent import (
@@ -67,7 +72,7 @@ from admission.intent import (
     receipt_token,
     validate_request_id,
 )
-from admission.receipts import Admission, AdmissionService, Decision, MemoryStore
+from admission.receipts import Admission, AdmissionService, Decision, MemoryStore, Once
 
 if TYPE_CHECKING:
     from admission.sql import SqlStore
@@ -93,6 +98,7 @@ __all__ = [
     "AdmissionService",
     "BeforeWriteError",
     "CodecError",
+    "CommandKeyError",
     "Decision",
     "EncodedIntent",
     "FencedError",
@@ -107,9 +113,12 @@ __all__ = [
     "JobStateError",
     "LeaseHeldError",
     "MemoryStore",
+    "Once",
     "OwnershipError",
     "QueueFullError",
     "RecordStateError",
+    "RequestIdAmbiguousError",
+    "RequestIdConflictError",
     "ReservedRequestIdError",
     "RetryableJobError",
     "RunStateError",
@@ -126,6 +135,8 @@ __all__ = [
     "UnknownJobError",
     "UnknownUpdateError",
     "UnstampedSchemaError",
+    "UpdateFailedError",
+    "UpdateInProgressError",
     "Value",
     "WorkerLockedError",
     "__version__",

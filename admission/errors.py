@@ -16,7 +16,10 @@ catch a kind without naming every subsystem's error::
     │   └── InvalidJobError                                 (durable jobs)
     ├── StateError             the operation does not fit the current state
     │   ├── RunStateError, RecordStateError, JobStateError
-    │   └── QueueFullError ── JobQueueFullError             (past a bound: a refusal, never a drop)
+    │   ├── QueueFullError ── JobQueueFullError             (past a bound: a refusal, never a drop)
+    │   └── CommandKeyError                                 (the front door, ``Once``)
+    │       ├── RequestIdConflictError, RequestIdAmbiguousError
+    │       └── UpdateInProgressError (retryable), UpdateFailedError
     ├── UnknownError           no such update, command or job (a ``LookupError``)
     ├── OwnershipError         another owner holds it, or this owner was fenced out
     │   ├── WorkerLockedError, LeaseHeldError
@@ -44,6 +47,7 @@ __all__ = [
     "AdmissionError",
     "BeforeWriteError",
     "CodecError",
+    "CommandKeyError",
     "FencedError",
     "InputError",
     "InvalidCommandTypeError",
@@ -58,6 +62,8 @@ __all__ = [
     "OwnershipError",
     "QueueFullError",
     "RecordStateError",
+    "RequestIdAmbiguousError",
+    "RequestIdConflictError",
     "ReservedRequestIdError",
     "RetryableJobError",
     "RunStateError",
@@ -73,6 +79,8 @@ __all__ = [
     "UnknownJobError",
     "UnknownUpdateError",
     "UnstampedSchemaError",
+    "UpdateFailedError",
+    "UpdateInProgressError",
     "WorkerLockedError",
 ]
 
@@ -312,6 +320,87 @@ class JobQueueFullError(QueueFullError):
     def __init__(self, message: str, *, scope: str, waiting: int, limit: int) -> None:
         super().__init__(message, queue=scope, limit=limit, waiting=waiting)
         self.scope = scope
+
+
+# -- the front door (``Once``): a command key's answer as an exception -------------------------------
+
+
+class CommandKeyError(StateError):
+    """The front door could not run a handler under its command key, and says why.
+
+    :class:`~admission.receipts.Once` turns the answers that are values for
+    ``admit_update`` (a conflict, an ambiguity, an update still in progress
+    or failed) into exceptions, because a decorated function has no other
+    way to say them.  ``request_id`` is the key (kept as data, never in the
+    message); ``update_id`` the retained update, when there is one;
+    ``retryable`` whether the same call may succeed later.
+    """
+
+    code: ClassVar[str] = "command_key"
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self, message: str, *, request_id: str, update_id: str | None = None, state: str | None = None
+    ) -> None:
+        super().__init__(message, state=state)
+        self.request_id = request_id
+        self.update_id = update_id
+
+
+class RequestIdConflictError(CommandKeyError):
+    """The key names an update of another intent (contract §4 ``request_id_conflict``); nothing
+    was written.  ``conflict`` lists the parts that differ (``name``, ``arguments``,
+    ``target``); ``retained_command_id`` and ``retained_outcome`` describe the receipt kept."""
+
+    code: ClassVar[str] = "request_id_conflict"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request_id: str,
+        conflict: tuple[str, ...],
+        retained_command_id: str | None,
+        retained_outcome: str | None,
+    ) -> None:
+        super().__init__(message, request_id=request_id)
+        self.conflict = conflict
+        self.retained_command_id = retained_command_id
+        self.retained_outcome = retained_outcome
+
+
+class RequestIdAmbiguousError(CommandKeyError):
+    """The key cannot be proven to name one receipt (contract §6); nothing was written.
+    ``ambiguity`` is the shape (``two-rows``, ``legacy-token``, ``modern-raw``)."""
+
+    code: ClassVar[str] = "request_id_ambiguous"
+
+    def __init__(self, message: str, *, request_id: str, ambiguity: str | None) -> None:
+        super().__init__(message, request_id=request_id)
+        self.ambiguity = ambiguity
+
+
+class UpdateInProgressError(CommandKeyError):
+    """Another call holds the key and its handler has not finished: this call did not run it.
+
+    Retryable: retry later to get the recorded result.  An update whose
+    handler died stays in progress until its in-progress expiry lets a retry
+    take it over (never, without one).
+    """
+
+    code: ClassVar[str] = "update_in_progress"
+    retryable: ClassVar[bool] = True
+
+
+class UpdateFailedError(CommandKeyError):
+    """The key's handler failed and the failure was kept (``on_failure="keep"``): a retry gets
+    it again and never runs the handler.  ``failure`` is the recorded failure text."""
+
+    code: ClassVar[str] = "update_failed"
+
+    def __init__(self, message: str, *, request_id: str, update_id: str | None, failure: str | None) -> None:
+        super().__init__(message, request_id=request_id, update_id=update_id, state="failed")
+        self.failure = failure
 
 
 # -- unknown: nothing of that name exists -----------------------------------------------------------

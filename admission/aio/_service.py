@@ -81,6 +81,8 @@ class AsyncAdmissionService:
     admit_update = awaiting(AdmissionService.admit_update)
     complete_update = awaiting(AdmissionService.complete_update)
     fail_update = awaiting(AdmissionService.fail_update)
+    release_update = awaiting(AdmissionService.release_update)
+    take_over_update = awaiting(AdmissionService.take_over_update)
     prune = awaiting(AdmissionService.prune)
     receipt = awaiting(AdmissionService.receipt)
     history = awaiting(AdmissionService.history)

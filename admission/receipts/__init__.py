@@ -3,12 +3,15 @@
 ``AdmissionService`` admits signals and updates under command keys on any
 ``Store`` (``MemoryStore`` here, ``admission.sql.SqlStore`` on SQLite or
 PostgreSQL) and answers with a typed ``Admission`` (contract §4, §5).
+``Once`` runs a handler once per command key on top of it (``docs/once.md``).
 """
 
 from admission.receipts._answers import HistoryEvent, PruneReport, RunInfo
 from admission.receipts._memory import MemoryStore
+from admission.receipts._once import Attempt, Once, OnFailure, failure_name
 from admission.receipts._rules import (
     CLOSE_EVENTS,
+    IN_PROGRESS_EXPIRED,
     RUN_TRANSITIONS,
     SIGNAL_TRANSITIONS,
     UPDATE_TRANSITIONS,
@@ -28,6 +31,7 @@ from admission.receipts._rules import (
     judge_receipts,
     judge_target,
     lifecycle_diagram,
+    may_take_over,
     select_receipt,
 )
 from admission.receipts._sealed import SealedArguments, sealed_max_size
@@ -48,11 +52,13 @@ from admission.receipts._store import (
 __all__ = [
     "CLOSE_EVENTS",
     "DEFAULT_RETENTION_DAYS",
+    "IN_PROGRESS_EXPIRED",
     "RUN_TRANSITIONS",
     "SIGNAL_TRANSITIONS",
     "UPDATE_TRANSITIONS",
     "Admission",
     "AdmissionService",
+    "Attempt",
     "CommandRow",
     "CommandType",
     "Decision",
@@ -63,6 +69,8 @@ __all__ = [
     "Intent",
     "LockedInstance",
     "MemoryStore",
+    "OnFailure",
+    "Once",
     "PruneCounts",
     "PruneReport",
     "PruneTarget",
@@ -78,11 +86,13 @@ __all__ = [
     "UpdateRow",
     "UpdateStatus",
     "closing_event",
+    "failure_name",
     "http_status",
     "json_value",
     "judge_receipts",
     "judge_target",
     "lifecycle_diagram",
+    "may_take_over",
     "sealed_max_size",
     "select_receipt",
     "utc_now",

@@ -14,20 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from admission.errors import AdmissionError, RunStateError, UnknownCommandError, UnknownUpdateError
 from admission.intent._encoding import canonical_encode
 from admission.receipts._answers import REFUSALS, RunInfo, answer, command_payload, literal_key, run_info
 from admission.receipts._rules import (
     CLOSE_EVENTS,
+    IN_PROGRESS_EXPIRED,
     RUN_TRANSITIONS,
     SIGNAL_TRANSITIONS,
     UPDATE_TRANSITIONS,
     Admission,
     Decision,
     RunStatus,
+    UpdateStatus,
     closing_event,
+    may_take_over,
 )
 from admission.receipts._store import CommandRow, EventRow, LockedInstance, RunRow, UpdateRow
 
@@ -41,7 +44,9 @@ __all__ = [
     "command_of",
     "finish_update",
     "pending",
+    "release_update",
     "start_run",
+    "take_over_update",
 ]
 
 
@@ -371,3 +376,112 @@ def finish_update(
         update_id=update.id,
     )
     return answer(Decision.FRESH, namespace, workflow_id, row, finished, key, intent_verified=verified)
+
+
+def _fail(
+    tx: LockedInstance, row: CommandRow, update: UpdateRow, event: str, failure: str, now: datetime
+) -> UpdateRow:
+    """Fail a pending update by ``event`` (a row of ``UPDATE_TRANSITIONS``), with its ``UpdateFailed``."""
+    failed = replace(
+        update,
+        status=UPDATE_TRANSITIONS.next_state(UpdateStatus(update.status), event, subject=update.run_id),
+        failure=failure,
+        completed_at=now,
+    )
+    tx.save_update(failed)
+    current = tx.current_run()
+    payload: dict[str, object] = {"status": "failed", "failure": failure}
+    if event == "expire":
+        payload["reason"] = failure
+    append_event(
+        tx,
+        current.id if current is not None else update.run_id,
+        "UpdateFailed",
+        now,
+        payload,
+        command_id=row.id,
+        update_id=update.id,
+    )
+    return failed
+
+
+def _release_key(tx: LockedInstance, row: CommandRow, update: UpdateRow, reason: str, now: datetime) -> None:
+    """Free a failed update's command key: the command keeps its row, its event log and its
+    digest, but no longer answers the key, so the next admission with it is fresh
+    (``docs/lifecycle.md``, "Releasing a key").  The key's token stays in the event."""
+    if row.request_id is None:
+        return  # unkeyed, or released already: nothing holds a key
+    tx.save_command(replace(row, request_id=None, context=None))
+    current = tx.current_run()
+    append_event(
+        tx,
+        current.id if current is not None else update.run_id,
+        "UpdateKeyReleased",
+        now,
+        {"request_id": row.request_id, "reason": reason},
+        command_id=row.id,
+        update_id=update.id,
+    )
+
+
+def _held_update(tx: LockedInstance, update_id: str) -> tuple[CommandRow, UpdateRow]:
+    update = tx.get_update(update_id)
+    if update is None:
+        raise UnknownUpdateError(
+            f"workflow {tx.instance.workflow_id!r} has no update {update_id!r}", update_id=update_id
+        )
+    return command_of(tx, update.command_id), update
+
+
+def release_update(tx: LockedInstance, update_id: str, failure: str | None, now: datetime) -> Admission:
+    """Release the command key of a failed update, failing it first with ``failure`` if it is
+    still accepted; a completed update keeps its key (its result is the answer to every retry)."""
+    row, update = _held_update(tx, update_id)
+    if update.status == UpdateStatus.COMPLETED or (
+        update.status == UpdateStatus.ACCEPTED and failure is None
+    ):
+        raise RunStateError(
+            f"update {update_id} is {update.status}: only a failed update's key is released",
+            reason=f"update_{update.status}",
+            run_id=update.run_id,
+            state=update.status,
+        )
+    key = literal_key(row.context)
+    if update.status == UpdateStatus.ACCEPTED:
+        assert failure is not None
+        update = _fail(tx, row, update, "fail", failure, now)
+    _release_key(tx, row, update, "released", now)
+    instance = tx.instance
+    return answer(
+        Decision.FRESH,
+        instance.namespace,
+        instance.workflow_id,
+        replace(row, request_id=None, context=None),
+        update,
+        key,
+        intent_verified=row.intent_digest is not None,
+    )
+
+
+def take_over_update(
+    tx: LockedInstance, update_id: str, expiry: timedelta, now: datetime
+) -> Admission | None:
+    """Fail an update still ``accepted`` after ``expiry`` (``in_progress_expired``) and release its
+    key, in the caller's one locked transaction; ``None``, writing nothing, if it may not be taken
+    over (:func:`~admission.receipts.may_take_over`) or is no longer accepted."""
+    row, update = _held_update(tx, update_id)
+    if update.status != UpdateStatus.ACCEPTED or not may_take_over(now, update.accepted_at, expiry):
+        return None
+    key = literal_key(row.context)
+    failed = _fail(tx, row, update, "expire", IN_PROGRESS_EXPIRED, now)
+    _release_key(tx, row, failed, IN_PROGRESS_EXPIRED, now)
+    instance = tx.instance
+    return answer(
+        Decision.FRESH,
+        instance.namespace,
+        instance.workflow_id,
+        replace(row, request_id=None, context=None),
+        failed,
+        key,
+        intent_verified=row.intent_digest is not None,
+    )

@@ -114,6 +114,13 @@ class _MemoryLocked:
         self._t.updates[row.id] = row
 
     def save_command(self, row: CommandRow) -> None:
+        # The index follows the row, as a database's unique index does: a released key is free.
+        before = self._t.commands.get(row.id)
+        if before is not None and before.request_id != row.request_id:
+            if before.request_id is not None:
+                self._t.request_index.pop((before.instance_id, before.command_type, before.request_id), None)
+            if row.request_id is not None:
+                self._t.request_index[(row.instance_id, row.command_type, row.request_id)] = row.id
         self._t.commands[row.id] = row
 
     def pending_commands(self, run_ids: Sequence[str]) -> list[tuple[CommandRow, UpdateRow | None]]:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, Literal
 
 from admission._table import StateTable
@@ -63,6 +63,7 @@ from admission.intent._keys import TOKEN_PATTERN
 
 __all__ = [
     "CLOSE_EVENTS",
+    "IN_PROGRESS_EXPIRED",
     "RUN_TRANSITIONS",
     "SIGNAL_TRANSITIONS",
     "UPDATE_TRANSITIONS",
@@ -82,6 +83,7 @@ __all__ = [
     "judge_receipts",
     "judge_target",
     "lifecycle_diagram",
+    "may_take_over",
     "select_receipt",
 ]
 
@@ -157,11 +159,28 @@ UPDATE_TRANSITIONS: Final = StateTable[UpdateStatus](
         (UpdateStatus.ACCEPTED, "fail"): UpdateStatus.FAILED,
         (UpdateStatus.ACCEPTED, "run_closed"): UpdateStatus.FAILED,
         (UpdateStatus.ACCEPTED, "handed_off"): UpdateStatus.ACCEPTED,
+        (UpdateStatus.ACCEPTED, "expire"): UpdateStatus.FAILED,
     },
     refuse=_refuse,
 )
 """An update's status: (status, event) -> status.  ``run_closed`` fails it
-(``run_closed_before_update_applied``)."""
+(``run_closed_before_update_applied``); ``expire`` fails one a later retry took
+over after its in-progress expiry (``in_progress_expired``, :func:`may_take_over`)."""
+
+IN_PROGRESS_EXPIRED: Final = "in_progress_expired"
+"""The failure recorded on an update taken over after its in-progress expiry."""
+
+
+def may_take_over(now: datetime, accepted_at: datetime, expiry: timedelta | None) -> bool:
+    """Whether a retry at ``now`` may take over an update ``accepted`` at ``accepted_at``.
+
+    Only when an expiry is given and the update is strictly older than it: with
+    no expiry an in-progress update is never taken over, however old (a live
+    handler must never be reclaimed because no deadline was set).  A clock that
+    reads before ``accepted_at`` never makes an update look expired.
+    """
+    return expiry is not None and now - accepted_at > expiry
+
 
 CLOSE_EVENTS: Final[dict[str, str]] = {
     RunStatus.COMPLETED: "complete",

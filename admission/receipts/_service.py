@@ -41,6 +41,7 @@ from admission.receipts._answers import (
     context_of,
     stored_receipt,
 )
+from admission.receipts._release import KeyRelease
 from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_all, utc_clock
 from admission.receipts._rules import (
     CLOSE_EVENTS,
@@ -96,7 +97,7 @@ def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
     return checked
 
 
-class AdmissionService:
+class AdmissionService(KeyRelease):
     """Admits signals and updates with command keys, on any :class:`Store`.
 
     ``clock`` returns timezone-aware datetimes (kept in UTC); ``new_id`` fresh identifiers;

@@ -11,7 +11,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-@pytest.mark.parametrize("name", ["guide.md"])
+@pytest.mark.parametrize("name", ["guide.md", "once.md"])
 def test_every_python_block_of_the_guide_runs(name: str) -> None:
     blocks = BLOCK.findall((DOCS / name).read_text(encoding="utf-8"))
     assert len(blocks) >= 5

@@ -37,6 +37,8 @@ PURE_MODULES = {
     "admission.receipts._answers",
     "admission.receipts._lifecycle",
     "admission.receipts._memory",
+    "admission.receipts._once",
+    "admission.receipts._release",
     "admission.receipts._retention",
     "admission.receipts._rules",
     "admission.receipts._sealed",
