@@ -10,8 +10,9 @@ in-memory and SQL stores, and the exception tree.  ``SqlStore`` loads on first
 use, so that ``import admission`` does not load SQLAlchemy until a database is
 needed.  The subsystems have faces of their own: ``admission.intent``,
 ``admission.receipts``, ``admission.worker``, ``admission.jobs``,
-``admission.sql``, ``admission.http``, ``admission.client`` and
-``admission.testing``.
+``admission.sql``, ``admission.http``, ``admission.client``,
+``admission.testing`` and ``admission.telemetry`` (spans, metrics and the
+``admission`` logger; docs/observability.md).
 """
 
 from typing import TYPE_CHECKING

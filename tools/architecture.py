@@ -34,12 +34,14 @@ PARTS = (
     "jobs",
     "receipts",
     "states",
+    "telemetry",
     "intent",
     "errors",
 )
 """The parts of the package, from the edges down to the exception tree.  ``admission`` is the
 facade (``__init__.py``), ``states`` the shared pure rules: the state-table rule (``_table.py``) and
-the declared bounds of stored text (``_bounds.py``)."""
+the declared bounds of stored text (``_bounds.py``); ``telemetry`` the spans, metrics and the
+root of the loggers (``telemetry.py``), which the services use and which imports nothing of admission."""
 
 
 def part_of(module: str) -> str | None:

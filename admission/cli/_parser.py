@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final, NoReturn
 
-from admission import __version__
 from admission.cli import _db, _intent, _jobs, _receipts, _serve, _token, _worker
 from admission.cli._common import (
     ENV_DB,
@@ -34,6 +33,7 @@ from admission.cli._common import (
     mask_secrets,
     print_error,
 )
+from admission.cli._logging import ENV_LOG_LEVEL, LOG_LEVELS, configure_logging, log_command, version_line
 from admission.errors import (
     AdmissionError,
     FencedError,
@@ -103,7 +103,15 @@ def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
         prog="admission",
         description="Safe retries of signals and updates for workflow engines.",
     )
-    parser.add_argument("--version", action="version", version=f"admission {__version__}")
+    parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument(
+        "--log-level",
+        dest="library_log_level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help=f"admission's log lines on stderr from this level on (default: ${ENV_LOG_LEVEL}, else none); "
+        "serve's own --log-level is uvicorn's",
+    )
     parser.add_argument(
         "--db",
         help=f"database URL (default: ${ENV_DB}, else an embedded SQLite file admission.sqlite3); "
@@ -233,6 +241,8 @@ def _run(argv: list[str]) -> int:
     # exactly), so every other command starts without it.
     args = _build_parser(worker_commands="worker" in argv).parse_args(argv)
     try:
+        configure_logging(args.library_log_level)
+        log_command(args)
         code: int = args.handler(args)
     # Specific before general: a ScopeMismatchError is an InputError, yet the
     # worker's refusal of a record outside its scope exits 4, not 2.

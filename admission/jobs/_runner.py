@@ -34,16 +34,19 @@ from __future__ import annotations
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
+from admission import telemetry
 from admission.errors import AdmissionError, InvalidJobError, JobFencedError, RetryableJobError
 from admission.intent._encoding import Value
 from admission.jobs._service import JobService
 from admission.jobs._values import JobLease, JobView, Publisher, bounded_diagnostic
 
 __all__ = ["Continue", "Finish", "JobRunner", "RunReport", "StepHandler"]
+
+_log: Final = telemetry.logger("jobs")
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,17 @@ class JobRunner:
             renewal.stop.set()
             thread.join()
 
+    def _step_span(self, lease: JobLease, number: int) -> AbstractContextManager[telemetry.Span]:
+        return telemetry.span(
+            "admission.job.step",
+            {
+                "admission.job.id": lease.job_id,
+                "admission.job.kind": lease.kind,
+                "admission.job.step": number,
+                "admission.job.attempt": lease.attempt_id,
+            },
+        )
+
     def run(self, job_id: str) -> RunReport:
         """Claim ``job_id`` and take it as far as it goes; a final job is acknowledged, nothing runs."""
         claim = self.service.claim(job_id)
@@ -192,15 +206,22 @@ class JobRunner:
         while True:
             number = step + 1
             try:
-                with self._renewing(lease, deadline) as renewal:
+                with self._step_span(lease, number) as span, self._renewing(lease, deadline) as renewal:
                     outcome = handler(lease.payload, number, state)
+                    span.set(
+                        {"admission.job.outcome": "finish" if isinstance(outcome, Finish) else "continue"}
+                    )
             except RetryableJobError as exc:
+                # The exception's text goes to the job's diagnostic, not to the log: it may quote the payload.
+                _log.info("job %s step %d: retryable %s", lease.job_id, number, type(exc).__name__)
                 view = self.service.fail(lease, bounded_diagnostic(f"step {number}: {exc}"), retryable=True)
                 return self._report(view, steps, False)
-            except Exception:
+            except Exception as exc:
+                _log.warning("job %s step %d: failed, %s", lease.job_id, number, type(exc).__name__)
                 diagnostic = bounded_diagnostic(f"step {number}: {traceback.format_exc()}")
                 view = self.service.fail(lease, diagnostic, retryable=False)
                 return self._report(view, steps, False)
+            _log.debug("job %s step %d: %s", lease.job_id, number, type(outcome).__name__.lower())
             steps.append(number)
             deadline = renewal.deadline
             if isinstance(outcome, Finish):

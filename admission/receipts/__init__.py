@@ -8,6 +8,9 @@ PostgreSQL) and answers with a typed ``Admission`` (contract §4, §5).
 
 from admission.receipts._answers import HistoryEvent, PruneReport, RunInfo
 from admission.receipts._memory import MemoryStore
+
+# _observed wraps the service's writing methods with spans, metrics and log lines (docs/observability.md).
+from admission.receipts._observed import AdmissionService
 from admission.receipts._once import Attempt, Once, OnFailure, failure_name
 from admission.receipts._rules import (
     CLOSE_EVENTS,
@@ -35,7 +38,7 @@ from admission.receipts._rules import (
     select_receipt,
 )
 from admission.receipts._sealed import SealedArguments, sealed_max_size
-from admission.receipts._service import DEFAULT_RETENTION_DAYS, AdmissionService, utc_now
+from admission.receipts._service import DEFAULT_RETENTION_DAYS, utc_now
 from admission.receipts._store import (
     CommandRow,
     EventCursor,

@@ -12,6 +12,7 @@ begin their message with their constraint's name), never by free text.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
+from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, GuardedConnection
 
@@ -263,6 +265,8 @@ def constraint_name(error: BaseException) -> str:
     return match.group(1) if match else "unknown"
 
 
+_log: Final = telemetry.logger("sql")
+
 Refusals = Mapping[str, Callable[[], AdmissionError]]
 """Constraint name -> the admission error a refusal by that constraint means."""
 
@@ -289,6 +293,22 @@ def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Itera
 
 
 def _translate(error: BaseException, dbapi: Any, refusals: Refusals | None) -> AdmissionError:
+    translated = _translated(error, dbapi, refusals)
+    # The driver's class and the constraint's name, never the driver's message: it may quote a
+    # value (psycopg's DETAIL does) or the statement's parameters.  A refusal by a constraint is
+    # the database doing its job; anything else is worth an operator's look.
+    refused = isinstance(error, dbapi.IntegrityError)
+    _log.log(
+        logging.DEBUG if refused else logging.INFO,
+        "%s from the driver became %s (%s)",
+        type(error).__name__,
+        type(translated).__name__,
+        constraint_name(error) if refused else translated.code,
+    )
+    return translated
+
+
+def _translated(error: BaseException, dbapi: Any, refusals: Refusals | None) -> AdmissionError:
     if isinstance(error, DatabaseFileMovedError):
         return StorageError(str(error))
     name = constraint_name(error)

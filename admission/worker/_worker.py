@@ -20,6 +20,7 @@ seconds on the claimant's own monotonic clock.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Final
 
 from admission import _bounds as bounds
+from admission import telemetry
 from admission.errors import (
     BeforeWriteError,
     InvalidRecordError,
@@ -61,6 +63,7 @@ CRASH_POINTS: Final = ("before_dispatch", "after_in_flight", "after_target_commi
 """The named points of a send at which the worker calls its ``hook`` (crash tests stop it there)."""
 
 _ACKNOWLEDGED: Final = "the target acknowledged the write"
+_log: Final = telemetry.logger("worker")
 _RESOLUTIONS: Final = {
     "confirm": "resolve_confirm",
     "failed_safe": "resolve_failed_safe",
@@ -81,6 +84,10 @@ class CycleReport:
     retried: int = 0
     failed_safe: int = 0
     uncertain: int = 0
+
+
+def _counts(report: CycleReport) -> str:
+    return ", ".join(f"{k} {v}" for k, v in vars(report).items() if k != "token" and v) or "nothing to do"
 
 
 def _utcnow() -> datetime:
@@ -283,6 +290,18 @@ class DurableWorker:
         then ``prepared`` records are sent, each committed ``in_flight`` before
         the target is called.
         """
+        with telemetry.span("admission.worker.cycle", {"admission.worker.queue": self.queue}) as span:
+            report = self._cycle(target)
+            counts = {f"admission.worker.{k}": v for k, v in vars(report).items() if k != "token"}
+            span.set({"admission.worker.token": report.token, **counts})
+        # A cycle that found nothing to do is not news; one that left records uncertain or failed is.
+        busy = any(v for k, v in vars(report).items() if k != "token")
+        worrying = report.uncertain or report.failed_safe or report.still_uncertain
+        level = logging.WARNING if worrying else logging.INFO if busy else logging.DEBUG
+        _log.log(level, "cycle of %s (token %d): %s", self.queue, report.token, _counts(report))
+        return report
+
+    def _cycle(self, target: Target) -> CycleReport:
         with self.owned() as token:
             # A long-lived owner (``start``) renews here too, so that idle time
             # between cycles never lets the lease lapse.
