@@ -14,6 +14,10 @@ Three measurements, each beside its floor measured in the same run:
    with the same intent, which answers with the retained receipt.  Floor: a
    raw point ``SELECT *`` of that command row by
    (instance_id, command_type, request_id), autocommit.
+   Both measurements also run the **async path**: ``AsyncAdmissionService``
+   over ``admission.aio.open_store`` (aiosqlite, psycopg's async connection)
+   on the same database, its calls awaited in a loop on one event loop;
+   its goal is at most 1.3x the synchronous path's time per call.
 3. **PostgreSQL with 1, 4 and 8 processes** doing fresh admissions, each
    process on its own 16 instances (so they do not contend one row lock),
    and the same for the floor: total admissions/s and the scaling ratio.
@@ -42,6 +46,7 @@ benchmark writes rows into it (and creates ``bench_floor_*`` tables).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import multiprocessing
 import os
@@ -52,7 +57,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,6 +75,7 @@ from sqlalchemy.engine import make_url  # noqa: E402
 
 import admission  # noqa: E402
 import admission.sql  # noqa: E402
+from admission.aio import AsyncAdmissionService, AsyncStore, open_store  # noqa: E402
 from admission.receipts import (  # noqa: E402
     AdmissionService,
     Decision,
@@ -210,6 +216,12 @@ class Subject:
             )
             assert again.decision is Decision.RETAINED, again
         self._connect_raw(url)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        if retained:  # the single-process measurements; the fleets measure the sync path only
+            self.loop = asyncio.new_event_loop()
+            self.async_store: AsyncStore = self.loop.run_until_complete(open_store(url))
+            self.async_service = AsyncAdmissionService(self.async_store)
+            self._async_fresh = itertools.count()
 
     # -- the raw driver ----------------------------------------------------
 
@@ -249,6 +261,9 @@ class Subject:
         if self.raw_read is not self.raw:
             self.raw_read.close()
         self.store.dispose()
+        if self.loop is not None:
+            self.loop.run_until_complete(self.async_store.dispose())
+            self.loop.close()
 
     # -- the candidates ----------------------------------------------------
 
@@ -289,6 +304,34 @@ class Subject:
     def admit_retained(self) -> None:
         workflow, key, _, _ = self.retained[next(self._lookups) % len(self.retained)]
         self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
+
+    async def admit_fresh_async(self) -> None:
+        i = next(self._async_fresh)
+        await self.async_service.admit_signal(
+            NAMESPACE, self.workflows[i % INSTANCES], SIGNAL, ARGUMENTS, request_id=f"{self.tag}-async-{i}"
+        )
+
+    async def admit_retained_async(self) -> None:
+        workflow, key, _, _ = self.retained[next(self._lookups) % len(self.retained)]
+        await self.async_service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
+
+    def awaited(self, fn: Callable[[], Awaitable[None]]) -> Callable[[float], tuple[int, float]]:
+        """A timed loop of ``fn`` on this subject's event loop (one loop entry per segment, not per call)."""
+        assert self.loop is not None
+        loop = self.loop
+
+        async def timed(seconds: float) -> tuple[int, float]:
+            calls = 0
+            start = time.perf_counter()
+            end = start + seconds
+            while True:
+                await fn()
+                calls += 1
+                now = time.perf_counter()
+                if now >= end:
+                    return calls, now - start
+
+        return lambda seconds: loop.run_until_complete(timed(seconds))
 
     def floor_point_select(self) -> None:
         _, _, instance_id, token = self.retained[next(self._point) % len(self.retained)]
@@ -359,10 +402,17 @@ def postgres_cpu(postmaster: int | None) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def measure(fn: Callable[[], None], seconds: float, postmaster: int | None) -> Callable[[], Sample]:
+def measure(
+    fn: Callable[[], None],
+    seconds: float,
+    postmaster: int | None,
+    timed: Callable[[float], tuple[int, float]] | None = None,
+) -> Callable[[], Sample]:
+    """A segment of ``fn`` called for ``seconds`` (or of ``timed``, a loop that times itself)."""
+
     def segment() -> Sample:
         cpu, server, machine = time.process_time(), postgres_cpu(postmaster), cpu_times()
-        calls, elapsed = run_for(fn, seconds)
+        calls, elapsed = run_for(fn, seconds) if timed is None else timed(seconds)
         return Sample(
             calls / elapsed,
             (time.process_time() - cpu) / calls,
@@ -497,6 +547,10 @@ def bench_single(
             subject.floor_point_select,
         ):
             run_for(fn, min(0.3, seconds))
+        fresh_async = subject.awaited(subject.admit_fresh_async)
+        retained_async = subject.awaited(subject.admit_retained_async)
+        for timed in (fresh_async, retained_async):
+            timed(min(0.3, seconds))
         note = (
             f"{backend}: SQL statements per admission (BEGIN/COMMIT not counted): "
             f"fresh {count_statements(subject, subject.admit_fresh):.0f}, "
@@ -512,6 +566,7 @@ def bench_single(
         fresh = interleaved(
             {
                 "admission": measure(subject.admit_fresh, seconds, postmaster),
+                "async": measure(subject.admit_fresh, seconds, postmaster, fresh_async),
                 "floor": measure(subject.floor_fresh, seconds, postmaster),
             },
             rounds,
@@ -519,6 +574,7 @@ def bench_single(
         retained = interleaved(
             {
                 "admission": measure(subject.admit_retained, seconds, postmaster),
+                "async": measure(subject.admit_retained, seconds, postmaster, retained_async),
                 "floor": measure(subject.floor_point_select, seconds, postmaster),
             },
             rounds,
@@ -527,8 +583,10 @@ def bench_single(
         subject.close()
     rows = [
         Row(backend, "fresh", "admission", fresh["admission"], fresh["floor"]),
+        Row(backend, "fresh", ASYNC, fresh["async"], fresh["floor"]),
         Row(backend, "fresh", "floor: 2 INSERTs, 1 tx", fresh["floor"]),
         Row(backend, "retained", "admission", retained["admission"], retained["floor"]),
+        Row(backend, "retained", ASYNC, retained["async"], retained["floor"]),
         Row(backend, "retained", "floor: point SELECT", retained["floor"]),
     ]
     return rows, note
@@ -724,11 +782,25 @@ def table(
         )
 
 
+ASYNC = "admission, async"
+ASYNC_GOAL = 1.3
+"""The async path's time per call, at most this many times the synchronous path's."""
+
+
 def verdicts(rows: Sequence[Row], samples: Samples | None) -> list[str]:
     """Each goal, met or not, by the numbers of this run."""
     lines = []
     goals = {"fresh": 0.5, "retained": 0.25}
+    sync = {(row.backend, row.measurement): row for row in rows if row.candidate == "admission"}
     for row in rows:
+        if row.candidate == ASYNC:
+            # Time per call is the inverse of the rate.
+            slower = sync[(row.backend, row.measurement)].median / row.median
+            lines.append(
+                f"{row.backend} {row.measurement}, async: {slower:.2f}x the sync path's time per call, "
+                f"goal <= {ASYNC_GOAL}x: {'met' if slower <= ASYNC_GOAL else 'NOT met'}"
+            )
+            continue
         if row.floor is None:
             continue
         goal = goals[row.measurement]

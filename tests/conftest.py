@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from admission.receipts import MemoryStore, Store
+from tests.support.aio import ASYNC, AwaitedService, backend_url_for, base_backend, is_async_item, run_in_loop
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, open_store
 from tests.support.jobkit import JobStores
 
@@ -26,6 +27,55 @@ settings.register_profile(
 )
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the marker of the suites that also run on async stores."""
+    config.addinivalue_line(
+        "markers",
+        "async_stores(*backends): the suite also runs on async stores (memory-async, sqlite-async, "
+        "postgresql-async; tests/support/aio.py); backends, if given, limit which",
+    )
+
+
+STORE_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in ["memory", *SQL_BACKENDS])]
+"""The receipt store's variants: memory and each SQL backend, then each through the async service."""
+
+BACKEND_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in SQL_BACKENDS)]
+"""A port's variants: memory and each SQL backend, then each SQL backend on an asyncio engine."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the async variants only in the suites marked ``async_stores``, on the backends it names."""
+    dropped = [i for i in items if is_async_item(i) and not _async_kept(i)]
+    for item in items:
+        if is_async_item(item):
+            # A thread of the test's that reached the async store (a statement outside the
+            # greenlet) fails the test, rather than a warning after it passed.
+            item.add_marker(pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning"))
+    if dropped:
+        gone = set(map(id, dropped))
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [i for i in items if id(i) not in gone]
+
+
+def _async_kept(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker("async_stores")
+    if marker is None:
+        return False
+    if not marker.args:
+        return True
+    params = item.callspec.params  # type: ignore[attr-defined]
+    return any(base_backend(str(params.get(name, ""))) in marker.args for name in ("store", "backend"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """Run an async variant whole inside ``admission.aio.run_sync`` on a loop of its own."""
+    if not is_async_item(item):
+        return None
+    run_in_loop(item, nextitem)
+    return True
 
 
 @pytest.fixture(scope="session")
@@ -62,16 +112,26 @@ def db_url(sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> str
     return database_url(sql_backend, postgres_pool, tmp_path)
 
 
-@pytest.fixture(params=["memory", *SQL_BACKENDS])
+@pytest.fixture(params=STORE_VARIANTS)
 def store(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path: Path) -> Iterator[Store]:
-    """The contract suite's store: the in-memory reference, and each selected SQL backend."""
-    if request.param == "memory":
-        yield MemoryStore()
-        return
-    yield from open_store(database_url(str(request.param), postgres_pool, tmp_path))
+    """The contract suite's store: the in-memory reference, and each selected SQL backend
+    (and, for a suite marked ``async_stores``, each on the async path)."""
+    name = str(request.param)
+    with pytest.MonkeyPatch.context() as patch:
+        if name.endswith(ASYNC) and hasattr(request.module, "AdmissionService"):
+            # Every answer the suite checks comes through AsyncAdmissionService.
+            patch.setattr(request.module, "AdmissionService", AwaitedService)
+        if base_backend(name) == "memory":
+            yield MemoryStore()
+            return
+        url = database_url(base_backend(name), postgres_pool, tmp_path)
+        for opened in open_store(str(backend_url_for(name, url))):
+            # An async variant's statements are awaited (tests/support/aio.py).
+            assert opened.engine.dialect.is_async == name.endswith(ASYNC)
+            yield opened
 
 
-@pytest.fixture(params=["memory", *SQL_BACKENDS])
+@pytest.fixture(params=BACKEND_VARIANTS)
 def backend(request: pytest.FixtureRequest) -> str:
     """Each backend a port's contract suite runs on: memory, and each selected SQL backend."""
     return str(request.param)
@@ -79,8 +139,11 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def backend_url(backend: str, postgres_pool: PostgresPool, tmp_path: Path) -> str | None:
-    """A fresh database at the head revision for an SQL backend; ``None`` for memory."""
-    return None if backend == "memory" else database_url(backend, postgres_pool, tmp_path)
+    """A fresh database at the head revision for an SQL backend (an asyncio driver's URL
+    for an async variant); ``None`` for memory."""
+    if backend == "memory":
+        return None
+    return backend_url_for(backend, database_url(base_backend(backend), postgres_pool, tmp_path))
 
 
 @pytest.fixture

@@ -14,11 +14,10 @@ every caller).  The only difference between the two paths is the awaiting.
 from __future__ import annotations
 
 import functools
-import importlib.util
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from admission.errors import InputError
+from admission.sql._greenlet import greenlets, wait
 
 __all__ = ["awaiting", "run_sync", "wait"]
 
@@ -26,28 +25,10 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _greenlets() -> Any:
-    # SQLAlchemy imports without greenlet and fails only on first use, with a message about
-    # itself: the check names what to install instead.
-    if importlib.util.find_spec("greenlet") is None:
-        raise InputError(
-            "the async service needs greenlet (pip install 'admission[asyncio]')", field="asyncio"
-        )
-    from sqlalchemy.util import concurrency
-
-    return concurrency
-
-
 async def run_sync(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
     """Run synchronous admission code on the event loop; its statements on an async engine are awaited."""
-    concurrency = _greenlets()
+    concurrency = greenlets()
     result: R = await concurrency.greenlet_spawn(functools.partial(fn, *args, **kwargs))
-    return result
-
-
-def wait(awaitable: Awaitable[R]) -> R:
-    """From synchronous code run by :func:`run_sync`, await ``awaitable`` on the loop; its result."""
-    result: R = _greenlets().await_only(awaitable)
     return result
 
 

@@ -20,6 +20,7 @@ from admission.http import parse_json_value
 from admission.intent import canonical_decode
 
 if TYPE_CHECKING:
+    from admission.aio import AsyncAdmissionService
     from admission.receipts import AdmissionService
 
 __all__ = [
@@ -193,3 +194,21 @@ def open_service(args: argparse.Namespace) -> AdmissionService:
     from admission.sql import SqlStore
 
     return AdmissionService(SqlStore.open(db_url(args), **engine_options(args)))
+
+
+def open_async_service(args: argparse.Namespace) -> AsyncAdmissionService:
+    """The async service on the database the command names, checked, its connections closed.
+
+    The store is opened (and its revision checked) on a loop of its own, which
+    ends here: closing what that loop opened lets the server's loop open its own.
+    """
+    import asyncio
+
+    from admission.aio import AsyncAdmissionService, open_store
+
+    async def opened() -> AsyncAdmissionService:
+        store = await open_store(db_url(args), **engine_options(args))
+        await store.dispose()
+        return AsyncAdmissionService(store)
+
+    return asyncio.run(opened())

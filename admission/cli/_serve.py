@@ -12,7 +12,7 @@ import ipaddress
 import json
 import os
 
-from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_service
+from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_async_service
 from admission.cli._token import ENV_TOKENS, load_tokens
 from admission.http import BearerTokens, StoreArguments
 from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS
@@ -88,7 +88,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         codecs.append(AesGcmCodec(aes[0], aes[1]))
     from admission.sql import masked_url
 
-    service = open_service(args)
+    service = open_async_service(args)
     stored: StoreArguments = "envelope" if args.store_envelope else "plaintext"
     app = create_app(
         service,

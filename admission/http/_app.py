@@ -23,7 +23,9 @@ input is refused before the service is called, or by the service before it
 opens a transaction, so such a 422 (one without ``outcome``) never writes; a
 422 that carries an admission's ``outcome`` is an answer (a failed update).
 
-The service is synchronous; it runs in the threadpool.  Waiting for an update
+An :class:`~admission.aio.AsyncAdmissionService` is awaited on the event loop,
+with no thread pool on the admission path; a synchronous service runs in the
+thread pool (``_serving``).  Waiting for an update
 to complete polls the receipt between sleeps on the event loop that double up
 to a cap, never holding a transaction or a thread while it waits; the wait
 ends when the client goes, and an app holds at most ``max_waits`` at once
@@ -46,10 +48,10 @@ from fastapi import Body, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from admission import __version__
+from admission.aio import AsyncAdmissionService
 from admission.errors import (
     AdmissionError,
     InvalidCommandTypeError,
@@ -61,6 +63,7 @@ from admission.errors import (
 from admission.http._auth import install_gate, request_namespace
 from admission.http._codecs import Codec, default_codecs
 from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS, BodyLimit, check_max_body_bytes
+from admission.http._serving import awaited
 from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
 from admission.http._tokens import DEFAULT_NAMESPACE, NAMESPACE_HEADER, Authorizer
 from admission.http._waits import WaitSlots, poll_delays, too_many_waits, wait_for_completion
@@ -327,7 +330,7 @@ _UpdateBody = Annotated[UpdateRequest | None, Body()]
 
 
 def create_app(
-    service: AdmissionService,
+    service: AdmissionService | AsyncAdmissionService,
     *,
     codecs: Mapping[str, Codec] | None = None,
     store_arguments: StoreArguments = "plaintext",
@@ -340,6 +343,9 @@ def create_app(
 ) -> FastAPI:
     """The ASGI app over ``service``.
 
+    An :class:`~admission.aio.AsyncAdmissionService` is awaited on the event loop (no
+    thread pool on the admission path); a synchronous
+    :class:`~admission.receipts.AdmissionService` runs in the thread pool.
     ``codecs`` maps codec names to the codecs this server accepts (default
     ``json`` and ``cbor``; add an :class:`~admission.http._codecs.AesGcmCodec` with
     the application's key to accept encrypted input).  ``store_arguments`` is
@@ -359,6 +365,7 @@ def create_app(
     if not (math.isfinite(poll_interval_seconds) and poll_interval_seconds > 0):
         raise ValueError("poll_interval_seconds must be a positive number")
     check_max_body_bytes(max_body_bytes)
+    calls = awaited(service)
     waits = WaitSlots(max_waits)
     registry: Mapping[str, Codec] = default_codecs() if codecs is None else codecs
     stored_as = check_store_arguments(store_arguments)
@@ -392,7 +399,7 @@ def create_app(
         # the service validates the rest before it opens a transaction.
         key = normalize_request_id(None if body is None else body.request_id)
         values = arguments(body)
-        call = service.admit_signal if command_type == "signal" else service.admit_update
+        call = calls.admit_signal if command_type == "signal" else calls.admit_update
         wait_seconds = 0.0
         if isinstance(body, UpdateRequest) and body.wait_for == "completed" and key is not None:
             wait_seconds = body.wait_timeout_seconds
@@ -402,12 +409,10 @@ def create_app(
         if waiting and not waits.try_acquire():
             return too_many_waits(waits.limit)
         try:
-            answer: Admission = await run_in_threadpool(
-                lambda: call(namespace, workflow_id, name, values, request_id=key, run_id=run_id)
-            )
+            answer = await call(namespace, workflow_id, name, values, request_id=key, run_id=run_id)
             if waiting and key is not None and answer.outcome == "accepted":
                 answer = await wait_for_completion(
-                    service,
+                    calls,
                     answer,
                     key,
                     timeout=wait_seconds,
@@ -500,7 +505,7 @@ def create_app(
         key = normalize_request_id(request_id)
         if key is None:
             raise InvalidRequestIdError("must not be blank", request_id=request_id)
-        answer = await run_in_threadpool(service.receipt, x_namespace, workflow_id, command_type, key)
+        answer = await calls.receipt(x_namespace, workflow_id, command_type, key)
         if answer is None:
             return _error(
                 404,

@@ -20,12 +20,11 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any, Final, TypeVar
 
 import anyio
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse
 
 from admission.http._limits import DEFAULT_MAX_WAITS, check_max_waits
+from admission.http._serving import AwaitedService
 from admission.receipts._rules import Admission
-from admission.receipts._service import AdmissionService
 
 __all__ = [
     "MAX_POLL_INTERVAL_SECONDS",
@@ -120,7 +119,7 @@ async def wait_until(
 
 
 async def wait_for_completion(
-    service: AdmissionService,
+    service: AwaitedService,
     answer: Admission,
     key: str,
     *,
@@ -132,11 +131,11 @@ async def wait_for_completion(
     """``answer``, an accepted update, as it stands when it completes or fails; else unchanged.
 
     Unchanged when ``timeout`` passes first or the client leaves.  Each read
-    runs in the threadpool and holds no transaction between reads.
+    is awaited (``_serving``) and holds no transaction between reads.
     """
 
     async def poll() -> Admission | None:
-        now = await run_in_threadpool(service.receipt, answer.namespace, answer.workflow_id, "update", key)
+        now = await service.receipt(answer.namespace, answer.workflow_id, "update", key)
         if now is not None and now.command_id == answer.command_id and now.outcome != "accepted":
             # The admission's own answer (fresh stays fresh), with the state it reached.
             return dataclasses.replace(

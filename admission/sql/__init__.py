@@ -21,13 +21,15 @@ from admission.sql._audit import (
     Finding,
     audit,
 )
-from admission.sql._connections import REPLAN_AFTER, WRITE_CONNECTIONS
+from admission.sql._connections import READ_CONNECTIONS, REPLAN_AFTER, WRITE_CONNECTIONS
 from admission.sql._engine import (
     DEFAULT_URL,
     SQLITE_BUSY_TIMEOUT_MS,
     as_utc,
+    async_url,
     constraint_name,
     create_admission_engine,
+    create_async_admission_engine,
     insert_or_ignore,
     masked_url,
     normalize_url,
@@ -81,6 +83,7 @@ __all__ = [
     "FINDING_KINDS",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
+    "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "SQLITE_BUSY_TIMEOUT_MS",
     "VERSION_TABLE",
@@ -99,10 +102,12 @@ __all__ = [
     "adopt",
     "alembic_config",
     "as_utc",
+    "async_url",
     "audit",
     "check_revision",
     "constraint_name",
     "create_admission_engine",
+    "create_async_admission_engine",
     "current_revision",
     "downgrade",
     "find_stamp",

@@ -1,4 +1,4 @@
-"""The connections a SQL store keeps: per-thread readers and a few kept writers.
+"""The connections a SQL store keeps: per-thread (or lent) readers and a few kept writers.
 
 Checking a connection out of the engine's pool and back in costs more than
 the statements of an admission on SQLite, and a pooled read costs an extra
@@ -20,11 +20,24 @@ from sqlalchemy.engine import Connection
 from admission.errors import AdmissionError
 from admission.sql._engine import is_postgresql
 
-__all__ = ["REPLAN_AFTER", "USES", "WRITE_CONNECTIONS", "Readers", "Writers", "replan_due"]
+__all__ = [
+    "READ_CONNECTIONS",
+    "REPLAN_AFTER",
+    "USES",
+    "WRITE_CONNECTIONS",
+    "LendingReaders",
+    "Readers",
+    "Writers",
+    "replan_due",
+]
 
 
 WRITE_CONNECTIONS: Final = 8
 """Write connections a store keeps for its own locked transactions, per process (see :class:`Writers`)."""
+
+READ_CONNECTIONS: Final = 8
+"""Read connections a store over an asyncio engine keeps for the unlocked receipt read
+(see :class:`LendingReaders`)."""
 
 REPLAN_AFTER: Final = (100, 1_000, 10_000)
 """Uses of a connection after which its statements are planned anew (then every 10,000).
@@ -94,18 +107,7 @@ class Readers:
         return cursor
 
     def _connect(self) -> Any:
-        # A connection made by the engine's pool, so that its connect-time
-        # configuration (SQLite pragmas, connect_args) applies, then detached
-        # from the pool for good.
-        proxy = self._engine.raw_connection()
-        proxy.detach()
-        connection: Any = proxy.dbapi_connection
-        if is_postgresql(self._engine.dialect):
-            connection.rollback()
-            connection.autocommit = True
-        # SQLite: the engine's connections already have isolation_level=None,
-        # so each SELECT is its own WAL read, without an explicit transaction.
-        return connection
+        return _autocommit(self._engine)
 
     def discard(self) -> None:
         """Drop this thread's connection after a driver error."""
@@ -130,6 +132,124 @@ class Readers:
         for connection in mine:
             with suppress(Exception):  # best effort: the connection may already be broken
                 connection.close()
+
+
+class LendingReaders:
+    """Autocommit driver connections lent to one unlocked receipt read at a time, for a store
+    over an asyncio engine.
+
+    :class:`Readers` keeps one connection per thread; on an event loop every
+    task runs on the loop's thread, so two reads awaiting at once would share
+    one connection and one cursor.  Here up to ``limit`` connections, made by
+    the pool (so its connect-time configuration applies) and detached from
+    it, are kept in a free list, and each read borrows one for its statement
+    only; when all are lent, a read takes a pooled connection, as
+    :class:`Writers` does.  The mutex guards the list only: it is never held
+    while a statement is awaited.  A connection whose read raised anything
+    (a driver error, a cancelled task) is closed; a forked process makes its
+    own and never uses or closes its parent's.
+    """
+
+    def __init__(self, engine: Engine, limit: int) -> None:
+        self._engine = engine
+        self._limit = limit
+        self._mutex = threading.Lock()
+        self._pid = os.getpid()
+        # [connection, cursor, uses]
+        self._free: list[list[Any]] = []
+        self._kept = 0
+        # Connections inherited through fork: kept referenced so that
+        # collecting them never closes the parent's session.
+        self._inherited: list[list[Any]] = []
+
+    def _take(self) -> list[Any] | None:
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._inherited.extend(self._free)
+                self._free, self._kept, self._pid = [], 0, os.getpid()
+            if self._free:
+                return self._free.pop()
+            if self._kept >= self._limit:
+                return None
+            self._kept += 1
+        try:
+            connection = _autocommit(self._engine)
+        except BaseException:
+            with self._mutex:
+                self._kept -= 1
+            raise
+        return [connection, connection.cursor(), 0]
+
+    def _drop(self, held: list[Any]) -> None:
+        with self._mutex:
+            mine = self._pid == os.getpid()
+            if mine:
+                self._kept -= 1
+        if mine:
+            with suppress(Exception):  # best effort: it may be the broken one
+                held[0].close()
+
+    @contextmanager
+    def lend(self) -> Iterator[tuple[Any, Any]]:
+        """A driver connection and its cursor for one read (a pooled one when all are lent)."""
+        held = self._take()
+        if held is None:
+            proxy = self._engine.raw_connection()
+            try:
+                yield proxy.dbapi_connection, proxy.cursor()
+            finally:
+                proxy.close()  # back to the pool, which rolls back what the read began
+            return
+        held[2] += 1
+        if replan_due(held[2]):
+            # Replaced, so that its statements are planned again (REPLAN_AFTER).
+            uses = held[2]
+            self._drop(held)
+            with self._mutex:
+                self._kept += 1
+            try:
+                connection = _autocommit(self._engine)
+            except BaseException:
+                with self._mutex:
+                    self._kept -= 1
+                raise
+            held = [connection, connection.cursor(), uses]
+        try:
+            yield held[0], held[1]
+        except BaseException:
+            self._drop(held)
+            raise
+        with self._mutex:
+            if self._pid == os.getpid():
+                self._free.append(held)
+            else:
+                self._inherited.append(held)  # forked while it was lent: the parent's, never closed here
+
+    def close(self) -> None:
+        """Close this process's free connections; lent ones are closed if their read fails."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                return
+            free, self._free = self._free, []
+            self._kept -= len(free)
+        for connection, _, _ in free:
+            with suppress(Exception):
+                connection.close()
+
+
+def _autocommit(engine: Engine) -> Any:
+    # A connection made by the engine's pool, so that its connect-time
+    # configuration (SQLite pragmas, connect_args) applies, then detached
+    # from the pool for good.
+    proxy = engine.raw_connection()
+    proxy.detach()
+    connection: Any = proxy.dbapi_connection
+    if is_postgresql(engine.dialect):
+        connection.rollback()
+        connection.autocommit = True
+    # SQLite: the engine's connections already have isolation_level=None,
+    # so each SELECT is its own WAL read, without an explicit transaction.
+    return connection
 
 
 class Writers:

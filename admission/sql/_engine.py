@@ -23,18 +23,21 @@ from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
-from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, GuardedConnection
+from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
     "DEFAULT_URL",
     "SQLITE_BUSY_TIMEOUT_MS",
     "WRITE_OPTION",
     "as_utc",
+    "async_url",
     "constraint_name",
     "create_admission_engine",
+    "create_async_admission_engine",
     "insert_or_ignore",
     "is_postgresql",
     "masked_url",
@@ -117,7 +120,68 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
     A URL that cannot be parsed, or that names a dialect or driver that is
     not installed, raises :class:`~admission.errors.InputError` (``field``
     ``url``), keeping SQLAlchemy's error as the cause.
+
+    A URL naming an asyncio driver (``sqlite+aiosqlite``,
+    ``postgresql+psycopg_async``) gives the ``sync_engine`` of
+    :func:`create_async_admission_engine`'s engine: statements on it run only
+    inside :func:`admission.aio.run_sync` (migrations need a synchronous URL).
     """
+    engine = _admission_engine(url, schema, kwargs)
+    # An asyncio driver's URL: the synchronous face of its engine, for code run by admission.aio.run_sync.
+    return engine.sync_engine if isinstance(engine, AsyncEngine) else engine
+
+
+_ASYNC_DRIVERS: Final = {
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+pysqlite": "sqlite+aiosqlite",
+    "postgresql+psycopg": "postgresql+psycopg_async",
+}
+"""The asyncio driver admission uses for each synchronous one it knows (aiosqlite; psycopg's own)."""
+
+
+def async_url(url: str) -> str:
+    """``url`` with the asyncio driver of its database: ``sqlite+aiosqlite`` for SQLite,
+    ``postgresql+psycopg_async`` for PostgreSQL (``postgres://`` too); an asyncio driver is kept.
+
+    Raises :class:`~admission.errors.InputError` (``field`` ``url``) for a URL that cannot be
+    parsed or names a synchronous driver without an asyncio twin.
+    """
+    try:
+        parsed = make_url(normalize_url(url))
+        loaded = parsed.get_dialect()
+    except (ArgumentError, ValueError) as exc:
+        raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+    except ImportError:
+        loaded = None  # a driver that is not installed: named below when the engine is made
+    if loaded is not None and loaded.is_async:
+        return parsed.render_as_string(hide_password=False)
+    driver = _ASYNC_DRIVERS.get(parsed.drivername)
+    if driver is None:
+        raise InputError(
+            f"the driver {parsed.drivername} has no asyncio driver admission knows; "
+            "use sqlite:// or postgresql:// (or name an asyncio driver)",
+            field="url",
+        )
+    return parsed.set(drivername=driver).render_as_string(hide_password=False)
+
+
+def create_async_admission_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> AsyncEngine:
+    """Create an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` configured as admission needs it.
+
+    The same engine as :func:`create_admission_engine` (the same URL checks
+    and errors, ``schema``, SQLite pragmas, ``BEGIN IMMEDIATE`` for
+    admission's writes, the SQLite file guard), on the database's asyncio
+    driver (:func:`async_url`): aiosqlite or psycopg's ``AsyncConnection``.
+    Its ``sync_engine`` is what admission's stores run on, inside
+    :func:`admission.aio.run_sync` (``docs/async.md``).  Needs
+    ``admission[asyncio]``.
+    """
+    engine = _admission_engine(async_url(url), schema, kwargs)
+    assert isinstance(engine, AsyncEngine)  # async_url named an asyncio driver
+    return engine
+
+
+def _admission_engine(url: str, schema: str | None, kwargs: dict[str, Any]) -> Engine | AsyncEngine:
     try:
         parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
@@ -135,9 +199,20 @@ def create_admission_engine(url: str, *, schema: str | None = None, **kwargs: An
         # admission itself picks psycopg for postgresql:// URLs (normalize_url),
         # so it names the extra that installs it.
         extra = " (pip install 'admission[postgresql]')" if url.startswith("postgres") else ""
+        if _is_async(url):
+            extra = " (pip install 'admission[asyncio]')"
         raise InputError(f"the database driver is not installed: {exc}{extra}", field="url") from exc
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+
+
+def _is_async(url: str) -> bool:
+    parsed = make_url(url)
+    try:
+        return bool(parsed.get_dialect().is_async)
+    except ImportError:
+        # Not installed: the ones admission maps to are named, to say what to install.
+        return parsed.get_driver_name() in {name.partition("+")[2] for name in _ASYNC_DRIVERS.values()}
 
 
 def _check_schema(schema: str, url: URL) -> None:
@@ -157,30 +232,39 @@ def _check_schema(schema: str, url: URL) -> None:
         raise InputError("the URL already sets libpq options; give the schema in one place", field="schema")
 
 
-def _configured_engine(url: str, **kwargs: Any) -> Engine:
+def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
     url = normalize_url(url)
+    # An asyncio driver: the same configuration, on the synchronous face
+    # (sync_engine) that admission's stores run on, whose listeners see the
+    # driver through SQLAlchemy's adapter (docs/async.md).
+    create: Callable[..., Engine | AsyncEngine] = create_async_engine if _is_async(url) else create_engine
     if make_url(url).get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", False)
-        return create_engine(url, **kwargs)
+        return create(url, **kwargs)
     if make_url(url).database in (None, "", ":memory:"):
         raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
+    # aiosqlite hands these, and the guard's factory, to sqlite3.connect in its own thread.
     kwargs.setdefault("connect_args", {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
     guard = _guard_file(make_url(url), kwargs)
-    engine = create_engine(url, **kwargs)
+    made = create(url, **kwargs)
+    engine = made.sync_engine if isinstance(made, AsyncEngine) else made
 
     @event.listens_for(engine, "connect")
     def _configure(dbapi_connection: Any, _record: object) -> None:
         # pysqlite would emit its own deferred BEGIN; admission emits its own.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        (mode,) = cursor.execute("PRAGMA journal_mode=WAL").fetchone()
+        # Not chained: an asyncio driver's cursor.execute returns the driver's own cursor.
+        cursor.execute("PRAGMA journal_mode=WAL")
+        (mode,) = cursor.fetchone()
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.close()
-        if isinstance(dbapi_connection, GuardedConnection):
+        guarded = guarded_connection(dbapi_connection)
+        if guarded is not None:
             # After the pragma's read, which opened the log of an existing database.
-            dbapi_connection.adopt_journal(str(mode).lower() == "wal")
+            guarded.adopt_journal(str(mode).lower() == "wal")
 
     @event.listens_for(engine, "begin")
     def _begin(conn: Connection) -> None:
@@ -193,10 +277,12 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine:
             error = conn.dialect.loaded_dbapi.Error
             dbapi_connection: Any = conn.connection.dbapi_connection
             try:
-                if isinstance(dbapi_connection, GuardedConnection):
+                guarded = guarded_connection(dbapi_connection)
+                if guarded is not None:
                     # Refused before anything is written (docs/guide.md, "A SQLite file
                     # taken away"); the check after COMMIT is the one that guarantees it.
-                    dbapi_connection.check_file()
+                    guarded.check_file()
+                # Both sqlite3's connection and SQLAlchemy's adapter of aiosqlite have execute().
                 dbapi_connection.execute("BEGIN IMMEDIATE")
             except error as exc:
                 raise DBAPIError.instance("BEGIN IMMEDIATE", (), exc, error) from exc
@@ -206,12 +292,13 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine:
     if guard is not None:
         # A disposed engine opens, and is bound to, what the path names then.
         event.listen(engine, "engine_disposed", lambda _engine: guard.forget())
-    return engine
+    return made
 
 
 def _guard_file(url: URL, kwargs: dict[str, Any]) -> FileGuard | None:
-    """Give the driver a connection class that checks its file (pysqlite only), and its guard."""
-    if url.get_driver_name() != "pysqlite":
+    """Give the driver a connection class that checks its file (sqlite3's, through pysqlite or
+    aiosqlite), and its guard."""
+    if url.get_driver_name() not in ("pysqlite", "aiosqlite"):
         return None
     connect_args = dict(kwargs["connect_args"])
     guard = FileGuard()

@@ -120,6 +120,13 @@ class RawStatement:
         # fetchall also finishes the statement (SQLite keeps an unfinished one active).
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
+    def as_rows(self, description: Any, fetched: Sequence[Any]) -> list[dict[str, Any]]:
+        """Rows this statement returned, fetched by the caller (an asyncio driver's cursor), as dicts."""
+        names = self._names
+        if names is None:
+            names = self._names = [column[0] for column in description]
+        return [dict(zip(names, row, strict=True)) for row in fetched]
+
 
 class BulkStatement:
     """One Core DML statement run for many parameter sets, in one ``executemany``

@@ -35,7 +35,15 @@ from admission.receipts._store import (
     UpdateRow,
 )
 from admission.sql._caller import caller_connection, join_transaction
-from admission.sql._connections import USES, WRITE_CONNECTIONS, Readers, Writers, replan_due
+from admission.sql._connections import (
+    READ_CONNECTIONS,
+    USES,
+    WRITE_CONNECTIONS,
+    LendingReaders,
+    Readers,
+    Writers,
+    replan_due,
+)
 from admission.sql._engine import (
     DEFAULT_URL,
     WRITE_OPTION,
@@ -44,6 +52,8 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
+from admission.sql._greenlet import wait
+from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND,
     INSERT_COMMAND,
@@ -78,6 +88,20 @@ from admission.sql._schema import (
 from admission.sql._sqlite_file import verify_file
 
 __all__ = ["SqlStore"]
+
+
+async def _pipelined(
+    connection: Any, lock: RawStatement, lookup: RawStatement, params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """:meth:`SqlStore._lock_rows` in one round trip on psycopg's ``AsyncConnection``."""
+    lock_cursor = connection.cursor()
+    lookup_cursor = connection.cursor()
+    async with connection.pipeline():
+        await lock_cursor.execute(lock.sql, lock.parameters(params))
+        await lookup_cursor.execute(lookup.sql, lookup.parameters(params))
+    if not await lock_cursor.fetchall():
+        return []
+    return lookup.as_rows(lookup_cursor.description, await lookup_cursor.fetchall())
 
 
 class _SqlLocked:
@@ -265,13 +289,19 @@ class SqlStore:
         self._raw = ReceiptStatements(engine.dialect)
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
+        # On an asyncio engine (the sync_engine of admission.aio.open_store) every task runs on
+        # the loop's thread: reads borrow a connection instead of keeping one per thread.
+        self._lending = LendingReaders(engine, READ_CONNECTIONS) if engine.dialect.is_async else None
         self._readers = Readers(engine)
         self._writers = Writers(self._write_engine, WRITE_CONNECTIONS)
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         # psycopg's pipeline mode needs libpq 14 or later; without it the lock
-        # and the lookup take a round trip each.
+        # and the lookup take a round trip each.  SQLAlchemy's adapter of
+        # psycopg's AsyncConnection has no pipeline(): on an asyncio engine the
+        # pipeline is driven on the AsyncConnection itself (_pipelined).
         pipeline = getattr(engine.dialect.loaded_dbapi, "Pipeline", None)
         self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
+        self._async = engine.dialect.is_async
         if check:
             with self._read() as conn:
                 check_revision(conn)
@@ -284,6 +314,8 @@ class SqlStore:
     def dispose(self) -> None:
         """Close the engine's pooled connections and this process's kept read and write connections."""
         self._readers.close()
+        if self._lending is not None:
+            self._lending.close()
         self._writers.close()
         self.engine.dispose()
 
@@ -365,6 +397,10 @@ class SqlStore:
         # is granted, and sees every commit made before.
         if not self._pipeline:
             return lookup.rows(cursor, params) if lock.rows(cursor, params) else []
+        if self._async:
+            # The connection is this transaction's alone: its statements are
+            # awaited here as the adapter would await them.
+            return wait(_pipelined(dbapi.driver_connection, lock, lookup, params))
         lookup_cursor = dbapi.cursor()
         with dbapi.pipeline():
             cursor.execute(lock.sql, lock.parameters(params))
@@ -442,22 +478,33 @@ class SqlStore:
         }
         found: list[tuple[CommandRow, UpdateRow | None]]
         with self._translate():
-            try:
-                cursor = self._readers.cursor()
-                if command_type == "signal":
-                    signals = self._raw.signal_receipts.tuples(cursor, params)
-                    found = [(command_of_columns(r), None) for r in signals]
-                else:
-                    rows = self._raw.receipts.rows(cursor, params)
-                    found = [(command_row(r), optional_update_row(r)) for r in rows]
-                if found:
-                    # Never answer a retry from a file a restart will not open (docs/guide.md).
-                    verify_file(cursor.connection)
-            except self._dbapi_error:
-                # A connection that failed is not read from again.
-                self._readers.discard()
-                raise
+            if self._lending is not None:
+                with self._lending.lend() as (connection, cursor):
+                    found = self._receipts_on(connection, cursor, command_type, params)
+            else:
+                try:
+                    cursor = self._readers.cursor()
+                    found = self._receipts_on(cursor.connection, cursor, command_type, params)
+                except self._dbapi_error:
+                    # A connection that failed is not read from again.
+                    self._readers.discard()
+                    raise
         return receipt_order(found) if len(found) > 1 else found
+
+    def _receipts_on(
+        self, connection: Any, cursor: Any, command_type: str, params: Mapping[str, Any]
+    ) -> list[tuple[CommandRow, UpdateRow | None]]:
+        found: list[tuple[CommandRow, UpdateRow | None]]
+        if command_type == "signal":
+            signals = self._raw.signal_receipts.tuples(cursor, params)
+            found = [(command_of_columns(r), None) for r in signals]
+        else:
+            rows = self._raw.receipts.rows(cursor, params)
+            found = [(command_row(r), optional_update_row(r)) for r in rows]
+        if found:
+            # Never answer a retry from a file a restart will not open (docs/guide.md).
+            verify_file(connection)
+        return found
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""

@@ -46,7 +46,7 @@ import sqlite3
 import threading
 from typing import Any, Final
 
-__all__ = ["DatabaseFileMovedError", "FileGuard", "verify_file"]
+__all__ = ["DatabaseFileMovedError", "FileGuard", "guarded_connection", "verify_file"]
 
 FileIdentity = tuple[int, int]
 """``(st_dev, st_ino)``: which file a path names."""
@@ -189,7 +189,23 @@ class GuardedConnection(sqlite3.Connection):
         self.check_files()
 
 
+def guarded_connection(dbapi_connection: object) -> GuardedConnection | None:
+    """The :class:`GuardedConnection` under a driver connection: itself, or the ``sqlite3``
+    connection aiosqlite runs in its thread, under SQLAlchemy's adapter; ``None`` for any other."""
+    if isinstance(dbapi_connection, GuardedConnection):
+        return dbapi_connection
+    # SQLAlchemy's adapter of an asyncio driver holds the driver's connection;
+    # aiosqlite's holds the sqlite3 connection as ``_conn`` (ValueError once closed).
+    driver = getattr(dbapi_connection, "driver_connection", None)
+    try:
+        inner = getattr(driver, "_conn", None)
+    except ValueError:
+        return None
+    return inner if isinstance(inner, GuardedConnection) else None
+
+
 def verify_file(dbapi_connection: object) -> None:
     """:meth:`GuardedConnection.check_files` of a driver connection, if it is one (no-op otherwise)."""
-    if isinstance(dbapi_connection, GuardedConnection):
-        dbapi_connection.check_files()
+    guarded = guarded_connection(dbapi_connection)
+    if guarded is not None:
+        guarded.check_files()

@@ -10,6 +10,8 @@ import pytest
 from admission.errors import RunStateError, UnknownCommandError
 from admission.receipts import AdmissionService, Decision, Store, lifecycle_diagram
 
+pytestmark = pytest.mark.async_stores
+
 NS = "tenant"
 WF = "wf"
 

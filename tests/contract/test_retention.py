@@ -27,6 +27,9 @@ from admission.sql._schema import (
     workflow_updates,
 )
 
+# On PostgreSQL the async path adds little to what test_service.py shows there, for much time.
+pytestmark = pytest.mark.async_stores("memory", "sqlite")
+
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 # Most tests here let weeks pass with nothing written, as in an idle store:
 # pruning's cap on a clock far ahead of the newest recorded time (tested

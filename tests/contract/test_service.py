@@ -13,6 +13,8 @@ from admission.errors import RunStateError, UnknownUpdateError
 from admission.receipts import AdmissionService, Decision, EventCursor, Store
 from admission.sql import SqlStore
 
+pytestmark = pytest.mark.async_stores
+
 NS = "tenant-a"
 WF = "order-1"
 

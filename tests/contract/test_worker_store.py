@@ -50,6 +50,9 @@ from admission.worker import (
     write_json_atomically,
 )
 
+# On PostgreSQL the async path adds little to what test_service.py shows there, for much time.
+pytestmark = pytest.mark.async_stores("memory", "sqlite")
+
 SCOPE = Scope.parse({"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"})
 QUEUE = "default"
 

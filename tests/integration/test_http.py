@@ -31,9 +31,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, select, update
 
+from admission.aio import AsyncAdmissionService
 from admission.http import AesGcmCodec, CborCodec, JsonCodec, codecs_from, create_app, envelope
 from admission.receipts import AdmissionService
 from admission.sql import SqlStore, workflow_commands
+from tests.support.aio import AsyncTwins
 from tests.support.backends import sqlite_url
 from tests.support.snapshot import diff_snapshots, snapshot
 from tests.support.strategies import ARGUMENTS, same
@@ -44,14 +46,22 @@ KEY = bytes(range(32))
 NS = "tenant-a"
 
 
-def make_client(service: AdmissionService, **options: Any) -> TestClient:
+def make_client(service: AdmissionService | AsyncAdmissionService, **options: Any) -> TestClient:
     codecs = codecs_from(JsonCodec(), CborCodec(), AesGcmCodec(KEY, "k1"))
     return TestClient(create_app(service, codecs=codecs, **options), raise_server_exceptions=False)
 
 
 @pytest.fixture
-def client(service: AdmissionService) -> TestClient:
-    return make_client(service)
+def twins() -> Iterator[AsyncTwins]:
+    made = AsyncTwins()
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def client(service: AdmissionService, twins: AsyncTwins) -> TestClient:
+    """The app as ``admission serve`` runs it: the async service on the test's database."""
+    return make_client(twins.twin(service))
 
 
 def started(service: AdmissionService, workflow_id: str = "wf-1") -> str:
@@ -318,11 +328,11 @@ def test_an_update_that_fails_while_waited_for_is_a_422_admission_answer(
     assert answer["reason"] == "update_failed" and "insufficient funds" in answer["message"]
 
 
-def test_a_wait_that_times_out_answers_202_accepted(service: AdmissionService) -> None:
+def test_a_wait_that_times_out_answers_202_accepted(service: AdmissionService, twins: AsyncTwins) -> None:
     started(service)
     ticks = iter(range(1_000_000))
     # A clock that advances one second per reading: the wait gives up without real time passing.
-    client = make_client(service, clock=lambda: float(next(ticks)), poll_interval_seconds=0.001)
+    client = make_client(twins.twin(service), clock=lambda: float(next(ticks)), poll_interval_seconds=0.001)
     body = {"request_id": "u-3", "wait_for": "completed", "wait_timeout_seconds": 5}
     response = post(client, "/api/workflows/wf-1/update/approve", body)
     assert response.status_code == 202

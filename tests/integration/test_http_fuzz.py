@@ -18,9 +18,11 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
+from admission.aio import AsyncAdmissionService
 from admission.http import AesGcmCodec, CborCodec, JsonCodec, codecs_from, create_app
 from admission.receipts import AdmissionService, MemoryStore
 from admission.sql import SqlStore
+from tests.support.aio import AsyncTwins
 from tests.support.backends import sqlite_url
 
 MAX_EXAMPLES = 60
@@ -29,7 +31,7 @@ MAX_EXAMPLES = 60
 TALLY: dict[str, int] = {}
 
 
-def _schema(service: AdmissionService) -> Any:
+def _schema(service: AdmissionService | AsyncAdmissionService) -> Any:
     ticks = itertools.count()
     app = create_app(
         service,
@@ -54,9 +56,12 @@ def api_schema(tmp_path: Path) -> Iterator[Any]:
     # Some generated requests land on an open run, most on instances that do not exist.
     for workflow_id in ("wf", "a", "0", "x"):
         service.start_run("default", workflow_id)
+    twins = AsyncTwins()
     try:
-        yield _schema(service)
+        # The app as admission serve runs it: the async service, awaited.
+        yield _schema(twins.twin(service))
     finally:
+        twins.close()
         store.dispose()
 
 

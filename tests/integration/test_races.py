@@ -5,13 +5,17 @@ worker opens its own :class:`SqlStore` on the test's database and its own
 :class:`AdmissionService`, waits on a shared barrier so that the calls really
 overlap, and sends its answers back as plain dicts (``Admission.to_dict()``).
 The parent checks the answers against the rows in the database, counted with
-SQLAlchemy.  Crashes are real: a worker is killed with SIGKILL, either after
-its transaction committed (a lost response) or while it holds the admission
+SQLAlchemy.  The one-new-key race also runs on the async path: each worker
+then admits through :class:`~admission.aio.AsyncAdmissionService` over
+:func:`admission.aio.open_store` (aiosqlite, psycopg's async connection).
+Crashes are real: a worker is killed with SIGKILL, either after its
+transaction committed (a lost response) or while it holds the admission
 lock (a writer that dies mid-transaction).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import multiprocessing
 import os
@@ -29,6 +33,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, func, select
 
+from admission.aio import AsyncAdmissionService, open_store
 from admission.intent import receipt_token
 from admission.receipts import AdmissionService
 from admission.sql import (
@@ -60,8 +65,11 @@ def _report_failure(results: Any) -> None:
     results.put({"pid": os.getpid(), "error": traceback.format_exc()})
 
 
-def _run_plan(db_url: str, plan: list[dict[str, Any]], barrier: Any, results: Any) -> None:
+def _run_plan(db_url: str, plan: list[dict[str, Any]], path: str, barrier: Any, results: Any) -> None:
     """Send each step of ``plan``; a step with ``sync`` first waits for every worker at the barrier."""
+    if path == "async":
+        asyncio.run(_run_plan_async(db_url, plan, barrier, results))
+        return
     store = SqlStore.open(db_url)
     service = AdmissionService(store)
     try:
@@ -77,6 +85,33 @@ def _run_plan(db_url: str, plan: list[dict[str, Any]], barrier: Any, results: An
             )
     finally:
         store.dispose()
+
+
+async def _run_plan_async(db_url: str, plan: list[dict[str, Any]], barrier: Any, results: Any) -> None:
+    """:func:`_run_plan` through the async service on an async engine (the barrier blocks the
+    loop, which runs nothing else meanwhile)."""
+    store = await open_store(db_url)
+    service = AsyncAdmissionService(store)
+    try:
+        await store.find_instance(NS, "warm-up")  # connect before the race, not during it
+        for step in plan:
+            if step.get("sync"):
+                barrier.wait(WAIT)
+            admit = service.admit_signal if step["kind"] == "signal" else service.admit_update
+            started = time.monotonic()
+            answer = await admit(step["ns"], step["wf"], step["name"], step["args"], request_id=step["key"])
+            ended = time.monotonic()
+            results.put(
+                {
+                    "pid": os.getpid(),
+                    "step": step,
+                    "answer": answer.to_dict(),
+                    "started": started,
+                    "ended": ended,
+                }
+            )
+    finally:
+        await store.dispose()
 
 
 def _pool_worker(inbox: Any, barrier: Any, results: Any) -> None:
@@ -248,13 +283,14 @@ class WorkerPool:
             for inbox in self.inboxes
         ]
 
-    def run(self, db_url: str, plans: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """Run one plan per worker, all at once; the reports of every step."""
+    def run(self, db_url: str, plans: list[list[dict[str, Any]]], path: str = "sync") -> list[dict[str, Any]]:
+        """Run one plan per worker, all at once (``path``: ``sync`` or ``async``);
+        the reports of every step."""
         assert len(plans) == self.size
         if self.broken:
             pytest.fail("the worker pool hung in an earlier test", pytrace=False)
         for inbox, plan in zip(self.inboxes, plans, strict=True):
-            inbox.put((db_url, plan))
+            inbox.put((db_url, plan, path))
         reports: list[dict[str, Any]] = []
         done = 0
         while done < self.size:
@@ -290,9 +326,19 @@ ROUNDS = 5
 IDENTITY = ("command_id", "run_id", "received_at", "command_sequence")
 
 
-@pytest.mark.parametrize("case", ["signal", "update", "signal-to-new-instance"])
+@pytest.mark.parametrize(
+    ("case", "path"),
+    [
+        ("signal", "sync"),
+        ("update", "sync"),
+        ("signal-to-new-instance", "sync"),
+        ("signal", "async"),
+        ("update", "async"),
+        ("signal-to-new-instance", "async"),
+    ],
+)
 def test_eight_processes_sending_one_new_key_at_once_admit_exactly_one_command(
-    pool: WorkerPool, db_url: str, sql_store: SqlStore, observer: Engine, case: str
+    pool: WorkerPool, db_url: str, sql_store: SqlStore, observer: Engine, case: str, path: str
 ) -> None:
     kind = "update" if case == "update" else "signal"
     new_instance = case == "signal-to-new-instance"
@@ -310,7 +356,7 @@ def test_eight_processes_sending_one_new_key_at_once_admit_exactly_one_command(
         }
         for n in range(ROUNDS)
     ]
-    reports = pool.run(db_url, [plan] * PROCESSES)
+    reports = pool.run(db_url, [plan] * PROCESSES, path)
     assert len({r["pid"] for r in reports}) == PROCESSES
 
     identity = IDENTITY + (("update_id",) if kind == "update" else ())

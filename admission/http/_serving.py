@@ -1,0 +1,106 @@
+"""What the HTTP adapter awaits: the async service, or a synchronous one on threads.
+
+The app awaits :class:`~admission.aio.AsyncAdmissionService` on the event loop:
+no thread pool on the admission path (``admission serve`` runs this way).  An
+engine that hands the app a synchronous :class:`~admission.receipts.AdmissionService`
+(whose statements block) gets it run in the thread pool, as before, so the
+loop never waits on a database.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Protocol
+
+from starlette.concurrency import run_in_threadpool
+
+from admission.aio import AsyncAdmissionService
+from admission.receipts._rules import Admission, CommandType
+from admission.receipts._service import AdmissionService
+
+__all__ = ["AwaitedService", "awaited"]
+
+
+class AwaitedService(Protocol):
+    """The three calls the app makes, awaited."""
+
+    async def admit_signal(
+        self,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        *,
+        request_id: str | None,
+        run_id: str | None,
+    ) -> Admission:
+        """As :meth:`AdmissionService.admit_signal`."""
+        ...
+
+    async def admit_update(
+        self,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        *,
+        request_id: str | None,
+        run_id: str | None,
+    ) -> Admission:
+        """As :meth:`AdmissionService.admit_update`."""
+        ...
+
+    async def receipt(
+        self, namespace: str, workflow_id: str, command_type: CommandType, request_id: str
+    ) -> Admission | None:
+        """As :meth:`AdmissionService.receipt`."""
+        ...
+
+
+class _InThreads:
+    """A synchronous service, each call on the thread pool."""
+
+    def __init__(self, service: AdmissionService) -> None:
+        self._service = service
+
+    async def admit_signal(
+        self,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        *,
+        request_id: str | None,
+        run_id: str | None,
+    ) -> Admission:
+        call = functools.partial(self._service.admit_signal, request_id=request_id, run_id=run_id)
+        return await run_in_threadpool(call, namespace, workflow_id, name, arguments)
+
+    async def admit_update(
+        self,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        *,
+        request_id: str | None,
+        run_id: str | None,
+    ) -> Admission:
+        call = functools.partial(self._service.admit_update, request_id=request_id, run_id=run_id)
+        return await run_in_threadpool(call, namespace, workflow_id, name, arguments)
+
+    async def receipt(
+        self, namespace: str, workflow_id: str, command_type: CommandType, request_id: str
+    ) -> Admission | None:
+        return await run_in_threadpool(
+            self._service.receipt, namespace, workflow_id, command_type, request_id
+        )
+
+
+def awaited(service: AdmissionService | AsyncAdmissionService) -> AwaitedService:
+    """``service`` as the app awaits it: the async service itself, a synchronous one on threads."""
+    if isinstance(service, AsyncAdmissionService):
+        return service
+    if isinstance(service, AdmissionService):
+        return _InThreads(service)
+    raise TypeError("service must be an AdmissionService or an AsyncAdmissionService")
