@@ -1,4 +1,5 @@
-"""The caller's transaction, in the forms engines hold it (guide §6): a Connection and a Session.
+"""The caller's transaction, in the forms engines hold it (guide §6): a Connection, a Session, and
+through the async service an AsyncConnection and an AsyncSession.
 
 Admission joins the caller's transaction and neither commits nor rolls it
 back: what the caller rolls back leaves nothing, what it commits keeps
@@ -8,20 +9,28 @@ anyone else before the caller's commit.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import Column, Engine, MetaData, String, Table, func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
+from admission.aio import AsyncAdmissionService, AsyncDurableWorker, open_store, open_worker_store, run_sync
 from admission.errors import InputError
 from admission.receipts import AdmissionService, Decision, MemoryStore
-from admission.sql import SqlStore, SqlWorkerStore, create_admission_engine, metadata
+from admission.sql import (
+    SqlStore,
+    SqlWorkerStore,
+    create_admission_engine,
+    create_async_admission_engine,
+    metadata,
+)
 from admission.worker import DurableWorker, Scope
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, sqlite_url
 
@@ -213,3 +222,96 @@ def test_concurrent_sessions_on_sqlite_all_admit_once_they_hold_the_write_lock(
         sequences = conn.execute(select(commands.c.command_sequence)).scalars().all()
     assert sorted(sequences) == list(range(1, total + 1))
     store.dispose()
+
+
+# -- the async forms: an AsyncConnection and an AsyncSession, through AsyncAdmissionService ------------
+
+
+@asynccontextmanager
+async def async_caller_transaction(
+    form: str, engine: AsyncEngine, *, commit: bool
+) -> AsyncIterator[tuple[object, Callable[[Any], Awaitable[object]]]]:
+    """:func:`caller_transaction` for the async forms, on an async engine over the store's database."""
+    if form == "async-connection":
+        async with engine.connect() as conn:
+            transaction = await conn.begin()
+            yield conn, conn.execute
+            assert transaction.is_active, "admission ended the caller's transaction"
+            await (transaction.commit() if commit else transaction.rollback())
+    else:
+        async with AsyncSession(engine) as session:
+            yield session, session.execute
+            assert session.in_transaction(), "admission ended the caller's transaction"
+            await (session.commit() if commit else session.rollback())
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+@pytest.mark.parametrize("form", ["async-connection", "async-session"])
+def test_async_admission_inside_the_callers_transaction_ends_as_the_caller_ends_it(
+    db_url: str, form: str, commit: bool
+) -> None:
+    async def main() -> None:
+        store = await open_store(db_url)
+        sync_store = store.sync
+        assert isinstance(sync_store, SqlStore)
+        await run_sync(host.create_all, sync_store.engine)
+        # The caller's own engine: the store's, as an AsyncEngine (its transactions begin deferred on SQLite).
+        engine = AsyncEngine(sync_store.engine)
+        service = AsyncAdmissionService(store)
+        worker = await AsyncDurableWorker.open(await open_worker_store(db_url), SCOPE, file_lock=False)
+        await service.start_run(NS, WF)
+        before = await run_sync(counts, sync_store.engine)
+        async with async_caller_transaction(form, engine, commit=commit) as (handle, execute):
+            await execute(insert(orders).values(id="o-42", state="new"))
+            signal = await service.admit_signal(
+                NS, WF, "ship", ["dhl"], request_id="ship-42", connection=handle
+            )
+            approve = await service.admit_update(
+                NS, WF, "approve", {"n": 1}, request_id="approve-42", connection=handle
+            )
+            assert (signal.decision, approve.decision) == (Decision.FRESH, Decision.FRESH)
+            assert signal.command_id is not None and approve.update_id is not None
+            await service.apply_signal(NS, WF, signal.command_id, connection=handle)
+            await execute(update(orders).where(orders.c.id == "o-42").values(state="approved"))
+            await service.complete_update(NS, WF, approve.update_id, {"approved": True}, connection=handle)
+            await worker.accept(
+                {**SCOPE.as_dict(), "source_key": "o-42", "payload": {"n": 1}}, connection=handle
+            )
+            assert await run_sync(counts, sync_store.engine) == before
+        after = await run_sync(counts, sync_store.engine)
+        retry = await service.admit_update(NS, WF, "approve", {"n": 1}, request_id="approve-42")
+        if commit:
+            assert {
+                name: after[name] - before[name] for name in after if after[name] != before[name]
+            } == GROWN
+            assert retry.retained and retry.result == {"approved": True}
+        else:
+            assert after == before and retry.decision is Decision.FRESH
+        await run_sync(worker.sync.store.dispose)
+        await store.dispose()
+
+    asyncio.run(main())
+
+
+def test_async_forms_outside_a_transaction_or_on_another_database_are_refused_naming_connection(
+    db_url: str, sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    (tmp_path / "other").mkdir()
+    other_url = database_url(sql_backend, postgres_pool, tmp_path / "other")
+
+    async def main() -> None:
+        store = await open_store(db_url)
+        service = AsyncAdmissionService(store)
+        await service.start_run(NS, WF)
+        elsewhere = create_async_admission_engine(other_url)
+        history = await service.history(NS, WF)
+        async with AsyncEngine(store.sync.engine).connect() as idle, AsyncSession(elsewhere) as foreign:  # type: ignore[attr-defined]
+            for what, handle in [("connection outside a transaction", idle), ("session elsewhere", foreign)]:
+                with pytest.raises(InputError) as info:
+                    await service.admit_signal(NS, WF, "go", [], request_id="k", connection=handle)
+                assert info.value.field == "connection", what
+        assert await service.history(NS, WF) == history
+        await elsewhere.dispose()
+        await store.dispose()
+
+    asyncio.run(main())
