@@ -255,8 +255,10 @@ def test_async_admission_inside_the_callers_transaction_ends_as_the_caller_ends_
         sync_store = store.sync
         assert isinstance(sync_store, SqlStore)
         await run_sync(host.create_all, sync_store.engine)
-        # The caller's own engine: the store's, as an AsyncEngine (its transactions begin deferred on SQLite).
-        engine = AsyncEngine(sync_store.engine)
+        # The caller's engine, whose transactions begin deferred on SQLite: the store's own as an
+        # AsyncEngine for the session, an engine of its own on the same URL for the connection.
+        own = create_async_admission_engine(db_url) if form == "async-connection" else None
+        engine = own or AsyncEngine(sync_store.engine)
         service = AsyncAdmissionService(store)
         worker = await AsyncDurableWorker.open(await open_worker_store(db_url), SCOPE, file_lock=False)
         await service.start_run(NS, WF)
@@ -288,6 +290,8 @@ def test_async_admission_inside_the_callers_transaction_ends_as_the_caller_ends_
         else:
             assert after == before and retry.decision is Decision.FRESH
         await run_sync(worker.sync.store.dispose)
+        if own is not None:
+            await own.dispose()
         await store.dispose()
 
     asyncio.run(main())
