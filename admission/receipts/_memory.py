@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from admission.errors import InputError
 from admission.receipts._store import (
     CommandRow,
     EventCursor,
@@ -226,7 +227,7 @@ class MemoryStore:
     ) -> AbstractContextManager[LockedInstance]:
         """Open a transaction on one instance (see :meth:`Store.locked`)."""
         if connection is not None:
-            raise TypeError("MemoryStore does not take a caller's connection")
+            raise InputError("a MemoryStore takes no caller's transaction", field="connection")
         return self._transaction(namespace, workflow_id, created_at, new_id)
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:

@@ -259,7 +259,9 @@ class Store(Protocol):
 
         The instance row is created (with ``new_id``) if it does not exist,
         and the lock is taken even then.  With ``connection`` the caller owns
-        the transaction: the store neither commits nor rolls back.
+        the transaction (on a SQL store a ``Connection``, a ``Session``, or
+        through the async service an ``AsyncConnection`` or ``AsyncSession``):
+        the store neither commits nor rolls back.
         """
         ...
 

@@ -23,7 +23,6 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, literal, select, tuple_, update
 from sqlalchemy.engine import Connection
 
-from admission.errors import AdmissionError
 from admission.receipts._store import (
     CommandRow,
     EventCursor,
@@ -35,6 +34,7 @@ from admission.receipts._store import (
     RunRow,
     UpdateRow,
 )
+from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._connections import (
     READ_CONNECTIONS,
     USES,
@@ -319,13 +319,24 @@ class SqlStore:
         self._writers.close()
         self.engine.dispose()
 
+    @property
+    def write_engine(self) -> Engine:
+        """:attr:`engine` for transactions that will admit: on SQLite they begin with ``BEGIN IMMEDIATE``.
+
+        Bind a caller's ``Session`` to it (``Session(store.write_engine)``) when
+        the transaction reads before it admits: it then holds SQLite's write lock
+        from its first statement.  On PostgreSQL it is the same database and
+        the same transactions as :attr:`engine`.
+        """
+        return self._write_engine
+
     @contextmanager
     def begin(self) -> Iterator[Connection]:
         """A connection in a write transaction, for a caller that owns the transaction.
 
-        On SQLite this is ``BEGIN IMMEDIATE``, which admission needs when it
-        takes its lock inside the caller's transaction.  Commits on success,
-        rolls back on an exception.
+        On SQLite this is ``BEGIN IMMEDIATE``: the transaction holds the write
+        lock, which is admission's lock there, from its first statement.
+        Commits on success, rolls back on an exception.
         """
         with self._translate(), self._write() as conn:
             yield conn
@@ -410,6 +421,7 @@ class SqlStore:
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with self._translate():
+                join_transaction(connection)
                 yield self._lock(connection, namespace, workflow_id, created_at, new_id)
             return
         with self._translate(), self._writers.transaction() as conn:
@@ -424,12 +436,16 @@ class SqlStore:
         new_id: str,
         connection: object | None = None,
     ) -> AbstractContextManager[LockedInstance]:
-        """Open a transaction holding the admission lock of one instance (contract §4)."""
-        if connection is not None and not isinstance(connection, Connection):
-            raise TypeError("connection must be a SQLAlchemy Connection")
-        if isinstance(connection, Connection) and not connection.in_transaction():
-            raise AdmissionError("the caller's connection must be in a transaction (use SqlStore.begin())")
-        return self._locked(namespace, workflow_id, created_at, new_id, connection)
+        """Open a transaction holding the admission lock of one instance (contract §4).
+
+        ``connection`` is the caller's transaction, in any form
+        :func:`~admission.sql._caller.caller_connection` takes (a ``Connection``,
+        a ``Session``, and through the async service an ``AsyncConnection`` or
+        ``AsyncSession``): the lock is taken inside it, and it is neither
+        committed nor rolled back here.
+        """
+        joined = None if connection is None else caller_connection(self.engine, connection)
+        return self._locked(namespace, workflow_id, created_at, new_id, joined)
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
         """Read an instance without locking it."""

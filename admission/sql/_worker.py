@@ -18,8 +18,8 @@ from typing import Any, Final
 from sqlalchemy import Engine, Select, bindparam, func, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
-from admission.errors import AdmissionError
 from admission.receipts._store import EventCursor
+from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._engine import (
     WRITE_OPTION,
     as_utc,
@@ -333,6 +333,7 @@ class SqlWorkerStore:
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with wrap_exceptions(self.engine.dialect):
+                join_transaction(connection)
                 yield _SqlWorkerTransaction(self, connection, queue)
             return
         with self._write() as conn:
@@ -341,12 +342,15 @@ class SqlWorkerStore:
     def transaction(
         self, queue: str, *, connection: object | None = None
     ) -> AbstractContextManager[WorkerTransaction]:
-        """A write transaction on ``queue`` (``connection``: the caller's, which it commits itself)."""
-        if connection is not None and not isinstance(connection, Connection):
-            raise TypeError("connection must be a SQLAlchemy Connection")
-        if isinstance(connection, Connection) and not connection.in_transaction():
-            raise AdmissionError("the caller's connection must be in a transaction")
-        return self._transaction(queue, connection)
+        """A write transaction on ``queue``.
+
+        ``connection`` is the caller's transaction, which it commits itself: a
+        ``Connection``, a ``Session``, or through the async service an
+        ``AsyncConnection`` or ``AsyncSession`` (see
+        :func:`~admission.sql._caller.caller_connection`).
+        """
+        joined = None if connection is None else caller_connection(self.engine, connection)
+        return self._transaction(queue, joined)
 
     def work(self, queue: str, state: str) -> list[WorkItem]:
         """The queue's records in ``state``, in queue order (only the columns a send uses)."""

@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from admission.errors import InputError
 from admission.receipts._store import EventCursor
 from admission.worker._store import (
     RECORD_CHANGES,
@@ -203,7 +204,7 @@ class MemoryWorkerStore:
     ) -> AbstractContextManager[WorkerTransaction]:
         """A transaction on ``queue``; a memory store has no caller-owned connection."""
         if connection is not None:
-            raise TypeError("a memory store takes no connection")
+            raise InputError("a memory store takes no caller's transaction", field="connection")
         return self._transaction(queue)
 
     def _of(self, queue: str) -> list[WorkerRecord]:

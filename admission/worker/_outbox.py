@@ -50,8 +50,8 @@ def record_outbox(
 ) -> EventRow:
     """Append an outbox entry for ``target`` to the instance's event log, in the caller's transaction.
 
-    ``connection`` is the caller's transaction (``SqlStore.begin()``, the same
-    one the admission used); nothing here commits or rolls back it.  Without
+    ``connection`` is the caller's transaction (``SqlStore.begin()`` or a
+    ``Session``: the same one the admission used); nothing here commits or rolls back it.  Without
     one (a memory store) the entry is appended in a transaction of its own.  ``content`` is the record the
     worker will accept (its scope fields and ``payload``); ``source_key`` is
     its intake key.

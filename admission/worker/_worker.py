@@ -207,7 +207,7 @@ class DurableWorker:
         """Validate, then commit the record before acknowledging it (contract §1).
 
         With ``connection`` the write joins the caller's transaction (a SQL
-        store's connection; the caller commits).  Raises QueueFullError past
+        store's ``Connection`` or ``Session``; the caller commits).  Raises QueueFullError past
         the bound of waiting records.
         """
         source_key, content = self.validate(record)
