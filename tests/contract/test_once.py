@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission.aio import AsyncAdmissionService, AsyncOnce
+from admission.aio import AsyncAdmissionService, AsyncOnce, open_store
 from admission.errors import (
     InvalidValueError,
     RequestIdConflictError,
@@ -29,6 +31,7 @@ from admission.receipts import (
     Store,
     may_take_over,
 )
+from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url
 
 NS = "payments"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -391,23 +394,38 @@ def test_a_released_key_admits_fresh_and_the_old_receipt_stays_in_history(servic
     assert service.receipt(NS, "w", "update", "k").command_id == fresh.command_id  # type: ignore[union-attr]
 
 
-# -- asyncio (memory; the async SQL stores have tests of their own) -----------------------------------
+# -- asyncio: memory, and each SQL backend through admission.aio.open_store ----------------------
 
 
-def test_async_front_door_runs_the_handler_once() -> None:
-    service = AsyncAdmissionService(MemoryStore())
-    once = AsyncOnce(service, namespace=NS, on_failure="keep")
+@pytest.fixture(params=["memory", *SQL_BACKENDS])
+def async_url(request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path: Path) -> str | None:
+    """``None`` for memory, else a fresh database for :func:`admission.aio.open_store`."""
+    return None if request.param == "memory" else database_url(str(request.param), postgres_pool, tmp_path)
+
+
+def test_async_front_door_runs_the_handler_once(async_url: str | None) -> None:
     runs: list[int] = []
 
-    @once(name="charge")
-    async def charge(key: str, amount: int) -> list[int]:
-        await asyncio.sleep(0)
-        runs.append(amount)
-        if amount < 0:
-            raise ValueError("negative")
-        return [amount]
-
     async def main() -> None:
+        store = MemoryStore() if async_url is None else await open_store(async_url)
+        service = AsyncAdmissionService(store)
+        once = AsyncOnce(service, namespace=NS, on_failure="keep")
+
+        @once(name="charge")
+        async def charge(key: str, amount: int) -> list[int]:
+            await asyncio.sleep(0)
+            runs.append(amount)
+            if amount < 0:
+                raise ValueError("negative")
+            return [amount]
+
+        try:
+            await exercise(service, once, charge)
+        finally:
+            if async_url is not None:
+                await service.store.dispose()
+
+    async def exercise(service: AsyncAdmissionService, once: AsyncOnce, charge: Any) -> None:
         assert await charge("k", 5) == [5] and await charge("k", 5) == [5]
         with pytest.raises(RequestIdConflictError):
             await charge("k", 6)
