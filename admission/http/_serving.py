@@ -10,7 +10,7 @@ loop never waits on a database.
 from __future__ import annotations
 
 import functools
-from typing import Protocol
+from typing import Any, Protocol
 
 from starlette.concurrency import run_in_threadpool
 
@@ -63,38 +63,14 @@ class _InThreads:
     def __init__(self, service: AdmissionService) -> None:
         self._service = service
 
-    async def admit_signal(
-        self,
-        namespace: str,
-        workflow_id: str,
-        name: str,
-        arguments: object,
-        *,
-        request_id: str | None,
-        run_id: str | None,
-    ) -> Admission:
-        call = functools.partial(self._service.admit_signal, request_id=request_id, run_id=run_id)
-        return await run_in_threadpool(call, namespace, workflow_id, name, arguments)
+    async def admit_signal(self, *args: Any, **kwargs: Any) -> Admission:
+        return await run_in_threadpool(functools.partial(self._service.admit_signal, *args, **kwargs))
 
-    async def admit_update(
-        self,
-        namespace: str,
-        workflow_id: str,
-        name: str,
-        arguments: object,
-        *,
-        request_id: str | None,
-        run_id: str | None,
-    ) -> Admission:
-        call = functools.partial(self._service.admit_update, request_id=request_id, run_id=run_id)
-        return await run_in_threadpool(call, namespace, workflow_id, name, arguments)
+    async def admit_update(self, *args: Any, **kwargs: Any) -> Admission:
+        return await run_in_threadpool(functools.partial(self._service.admit_update, *args, **kwargs))
 
-    async def receipt(
-        self, namespace: str, workflow_id: str, command_type: CommandType, request_id: str
-    ) -> Admission | None:
-        return await run_in_threadpool(
-            self._service.receipt, namespace, workflow_id, command_type, request_id
-        )
+    async def receipt(self, *args: Any, **kwargs: Any) -> Admission | None:
+        return await run_in_threadpool(functools.partial(self._service.receipt, *args, **kwargs))
 
 
 def awaited(service: AdmissionService | AsyncAdmissionService) -> AwaitedService:

@@ -451,16 +451,7 @@ def release_update(tx: LockedInstance, update_id: str, failure: str | None, now:
         assert failure is not None
         update = _fail(tx, row, update, "fail", failure, now)
     _release_key(tx, row, update, "released", now)
-    instance = tx.instance
-    return answer(
-        Decision.FRESH,
-        instance.namespace,
-        instance.workflow_id,
-        replace(row, request_id=None, context=None),
-        update,
-        key,
-        intent_verified=row.intent_digest is not None,
-    )
+    return _released(tx, row, update, key)
 
 
 def take_over_update(
@@ -475,13 +466,18 @@ def take_over_update(
     key = literal_key(row.context)
     failed = _fail(tx, row, update, "expire", IN_PROGRESS_EXPIRED, now)
     _release_key(tx, row, failed, IN_PROGRESS_EXPIRED, now)
+    return _released(tx, row, failed, key)
+
+
+def _released(tx: LockedInstance, row: CommandRow, update: UpdateRow, key: str | None) -> Admission:
+    """The answer for an update whose key was just released: its command as it now stands, keyless."""
     instance = tx.instance
     return answer(
         Decision.FRESH,
         instance.namespace,
         instance.workflow_id,
         replace(row, request_id=None, context=None),
-        failed,
+        update,
         key,
         intent_verified=row.intent_digest is not None,
     )
