@@ -17,17 +17,28 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from admission.aio._bridge import awaiting, run_sync
 from admission.aio._service import AsyncStore
+from admission.errors import InputError
 from admission.jobs import JobService, JobStore
-from admission.sql import SqlJobStore, SqlStore, SqlWorkerStore, create_awaited_engine
+from admission.sql import (
+    SqlJobStore,
+    SqlStore,
+    SqlWorkerStore,
+    create_async_admission_engine,
+    create_awaited_engine,
+    schema_of,
+)
+from admission.sql._engine import WRITE_OPTION
 from admission.worker import DurableWorker, OutboxRelay, Scope, WorkerStore
 
 __all__ = [
     "AsyncDurableWorker",
     "AsyncJobService",
     "AsyncOutboxRelay",
+    "caller_engine",
     "open_job_store",
     "open_store",
     "open_worker_store",
@@ -59,6 +70,24 @@ async def open_store(url: str, **engine_options: Any) -> AsyncStore:
     closes its connections.
     """
     return AsyncStore(await _opened(url, SqlStore, engine_options))
+
+
+def caller_engine(store: AsyncStore) -> AsyncEngine:
+    """A new :class:`~sqlalchemy.ext.asyncio.AsyncEngine` on ``store``'s database, for the caller's
+    own ``AsyncSession`` or ``AsyncConnection`` that admission joins (``docs/guide.md`` §6).
+
+    Its transactions begin as admission's writes do (``BEGIN IMMEDIATE`` on SQLite), so the
+    admission lock is held from the caller's first statement; the driver is the database's
+    asyncio driver (aiosqlite, psycopg's ``AsyncConnection``), whatever the store runs on.
+    The caller disposes of it (``await engine.dispose()``).  A store that is not a SQL store
+    raises :class:`~admission.errors.InputError` (``field`` ``store``).
+    """
+    sync = store.sync
+    if not isinstance(sync, SqlStore):
+        raise InputError("only a SQL store has a database to share", field="store")
+    url = sync.engine.url.render_as_string(hide_password=False)
+    engine = create_async_admission_engine(url, schema=schema_of(sync.engine))
+    return engine.execution_options(**{WRITE_OPTION: True})
 
 
 async def open_worker_store(url: str, **engine_options: Any) -> WorkerStore:

@@ -46,8 +46,8 @@ def caller_connection(engine: Engine, handle: object) -> Connection:
     ``AsyncConnection`` gives its ``sync_connection`` and an ``AsyncSession``
     its ``sync_session``'s connection.  The connection must reach the
     database of ``engine`` (the same engine, or one with the same backend,
-    driver, host, port, database and schema: the user and the password may
-    differ).  Anything else, an async form outside the async service, or a
+    parameter style, host, port, database and schema: a driver or its asyncio
+    twin, any user and password).  Anything else, an async form outside the async service, or a
     transaction in autocommit raises :class:`~admission.errors.InputError`
     with ``field`` ``connection``, before anything is written.
     """
@@ -136,7 +136,7 @@ def _session_connection(engine: Engine, session: Any, form: str) -> Connection:
 def _check_database(engine: Engine, other: Engine, form: str) -> None:
     if not _same_database(engine, other):
         raise InputError(
-            f"the {form} reaches another database than the store's (or through another driver): "
+            f"the {form} reaches another database than the store's: "
             "admission writes only where its store reads",
             field=FIELD,
         )
@@ -147,7 +147,9 @@ def _same_database(engine: Engine, other: Engine) -> bool:
     if mine is theirs and engine.url is other.url:
         # The same engine under other execution options (``SqlStore.begin()``'s).
         return schema_of(engine) == schema_of(other)
-    if (mine.name, mine.driver, mine.is_async) != (theirs.name, theirs.driver, theirs.is_async):
+    # A driver and its asyncio twin (pysqlite and aiosqlite, psycopg and its async connection)
+    # reach the same database and take the store's statements in the same parameter style.
+    if (mine.name, mine.paramstyle) != (theirs.name, theirs.paramstyle):
         return False
     if schema_of(engine) != schema_of(other):
         return False

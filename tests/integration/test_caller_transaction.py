@@ -21,7 +21,14 @@ from sqlalchemy import Column, Engine, MetaData, String, Table, func, insert, se
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
-from admission.aio import AsyncAdmissionService, AsyncDurableWorker, open_store, open_worker_store, run_sync
+from admission.aio import (
+    AsyncAdmissionService,
+    AsyncDurableWorker,
+    caller_engine,
+    open_store,
+    open_worker_store,
+    run_sync,
+)
 from admission.errors import InputError
 from admission.receipts import AdmissionService, Decision, MemoryStore
 from admission.sql import (
@@ -255,10 +262,10 @@ def test_async_admission_inside_the_callers_transaction_ends_as_the_caller_ends_
         sync_store = store.sync
         assert isinstance(sync_store, SqlStore)
         await run_sync(host.create_all, sync_store.engine)
-        # The caller's engine, whose transactions begin deferred on SQLite: the store's own as an
-        # AsyncEngine for the session, an engine of its own on the same URL for the connection.
-        own = create_async_admission_engine(db_url) if form == "async-connection" else None
-        engine = own or AsyncEngine(sync_store.engine)
+        # The caller's engine: for the connection, one of its own on the same URL (its
+        # transactions begin deferred on SQLite); for the session, caller_engine's.
+        own = create_async_admission_engine(db_url) if form == "async-connection" else caller_engine(store)
+        engine = own
         service = AsyncAdmissionService(store)
         worker = await AsyncDurableWorker.open(await open_worker_store(db_url), SCOPE, file_lock=False)
         await service.start_run(NS, WF)
@@ -290,8 +297,7 @@ def test_async_admission_inside_the_callers_transaction_ends_as_the_caller_ends_
         else:
             assert after == before and retry.decision is Decision.FRESH
         await run_sync(worker.sync.store.dispose)
-        if own is not None:
-            await own.dispose()
+        await own.dispose()
         await store.dispose()
 
     asyncio.run(main())
@@ -309,13 +315,15 @@ def test_async_forms_outside_a_transaction_or_on_another_database_are_refused_na
         await service.start_run(NS, WF)
         elsewhere = create_async_admission_engine(other_url)
         history = await service.history(NS, WF)
-        async with AsyncEngine(store.sync.engine).connect() as idle, AsyncSession(elsewhere) as foreign:  # type: ignore[attr-defined]
+        mine = caller_engine(store)
+        async with mine.connect() as idle, AsyncSession(elsewhere) as foreign:
             for what, handle in [("connection outside a transaction", idle), ("session elsewhere", foreign)]:
                 with pytest.raises(InputError) as info:
                     await service.admit_signal(NS, WF, "go", [], request_id="k", connection=handle)
                 assert info.value.field == "connection", what
         assert await service.history(NS, WF) == history
         await elsewhere.dispose()
+        await mine.dispose()
         await store.dispose()
 
     asyncio.run(main())
