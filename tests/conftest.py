@@ -46,9 +46,20 @@ BACKEND_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in SQL_BACKENDS)]
 """A port's variants: memory and each SQL backend, then each SQL backend on an asyncio engine."""
 
 
+ASYNC_VARIANTS = os.environ.get("ADMISSION_ASYNC_VARIANTS", "default")
+if ASYNC_VARIANTS not in ("default", "rest"):
+    raise RuntimeError(f"ADMISSION_ASYNC_VARIANTS must be default or rest, not {ASYNC_VARIANTS!r}")
+"""``rest`` runs only the async variants that a suite's ``async_stores(...)`` leaves out of the
+default run (to keep it short): CI runs them as a step of their own (.ci/run)."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the async variants only in the suites marked ``async_stores``, on the backends it names."""
-    dropped = [i for i in items if is_async_item(i) and not _async_kept(i)]
+    """Keep the async variants only in the suites marked ``async_stores``, on the backends it names
+    (with ``ADMISSION_ASYNC_VARIANTS=rest``: only those it leaves out, and nothing else)."""
+    if ASYNC_VARIANTS == "rest":
+        dropped = [i for i in items if not (is_async_item(i) and _async_left_out(i))]
+    else:
+        dropped = [i for i in items if is_async_item(i) and not _async_kept(i)]
     for item in items:
         if is_async_item(item):
             # A thread of the test's that reached the async store (a statement outside the
@@ -58,6 +69,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         gone = set(map(id, dropped))
         config.hook.pytest_deselected(items=dropped)
         items[:] = [i for i in items if id(i) not in gone]
+
+
+def _async_left_out(item: pytest.Item) -> bool:
+    """An async variant of a marked suite on a backend its marker does not name."""
+    return item.get_closest_marker("async_stores") is not None and not _async_kept(item)
 
 
 def _async_kept(item: pytest.Item) -> bool:
