@@ -37,6 +37,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "async_stores(*backends): the suite also runs on async stores (memory-async, sqlite-async, "
         "postgresql-async; tests/support/aio.py); backends, if given, limit which",
     )
+    config.addinivalue_line(
+        "markers",
+        "extra: long; left out of the default run and run by ADMISSION_TEST_SET=extra (CI's own step)",
+    )
 
 
 STORE_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in ["memory", *SQL_BACKENDS])]
@@ -46,20 +50,25 @@ BACKEND_VARIANTS = ["memory", *SQL_BACKENDS, *(b + ASYNC for b in SQL_BACKENDS)]
 """A port's variants: memory and each SQL backend, then each SQL backend on an asyncio engine."""
 
 
-ASYNC_VARIANTS = os.environ.get("ADMISSION_ASYNC_VARIANTS", "default")
-if ASYNC_VARIANTS not in ("default", "rest"):
-    raise RuntimeError(f"ADMISSION_ASYNC_VARIANTS must be default or rest, not {ASYNC_VARIANTS!r}")
-"""``rest`` runs only the async variants that a suite's ``async_stores(...)`` leaves out of the
-default run (to keep it short): CI runs them as a step of their own (.ci/run)."""
+TEST_SET = os.environ.get("ADMISSION_TEST_SET", "default")
+if TEST_SET not in ("default", "extra"):
+    raise RuntimeError(f"ADMISSION_TEST_SET must be default or extra, not {TEST_SET!r}")
+"""``extra`` runs only what the default run leaves out to stay short: the tests marked ``extra``
+(the soak, the migration and upgrade suites) and the async variants that a suite's
+``async_stores(...)`` does not name.  CI runs them as a step of their own (.ci/run)."""
+
+
+def _extra(item: pytest.Item) -> bool:
+    return item.get_closest_marker("extra") is not None or (is_async_item(item) and _async_left_out(item))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Keep the async variants only in the suites marked ``async_stores``, on the backends it names
-    (with ``ADMISSION_ASYNC_VARIANTS=rest``: only those it leaves out, and nothing else)."""
-    if ASYNC_VARIANTS == "rest":
-        dropped = [i for i in items if not (is_async_item(i) and _async_left_out(i))]
+    """Keep the async variants only in the suites marked ``async_stores``, on the backends it names;
+    leave the extra tests to ``ADMISSION_TEST_SET=extra``, which runs only them."""
+    if TEST_SET == "extra":
+        dropped = [i for i in items if not _extra(i)]
     else:
-        dropped = [i for i in items if is_async_item(i) and not _async_kept(i)]
+        dropped = [i for i in items if _extra(i) or (is_async_item(i) and not _async_kept(i))]
     for item in items:
         if is_async_item(item):
             # A thread of the test's that reached the async store (a statement outside the

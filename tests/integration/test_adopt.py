@@ -45,6 +45,9 @@ from tests.support.backends import PostgresPool, database_url
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import LegacyManifest, build_legacy_database
 
+# Long: CI runs it in its step of extra tests (ADMISSION_TEST_SET=extra, .ci/run).
+pytestmark = pytest.mark.extra
+
 LEGACY_TABLES = (
     "workflow_commands",
     "workflow_history_events",

@@ -43,6 +43,9 @@ from tests.support.processes import admission_cli as admission
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import build_legacy_database
 
+# Long: CI runs it in its step of extra tests (ADMISSION_TEST_SET=extra, .ci/run).
+pytestmark = pytest.mark.extra
+
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "alembic"
 HOST_REVISION = "5f0c2a9e7d13"

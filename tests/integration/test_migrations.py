@@ -28,6 +28,9 @@ from admission.sql import (
 )
 from tests.support.backends import PostgresPool, database_url
 
+# Long: CI runs it in its step of extra tests (ADMISSION_TEST_SET=extra, .ci/run).
+pytestmark = pytest.mark.extra
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

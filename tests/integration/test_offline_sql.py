@@ -39,6 +39,9 @@ from tests.support.processes import admission_cli as cli
 from tests.support.snapshot import diff_snapshots, snapshot
 from tools.legacy_fixtures import build_legacy_database
 
+# Long: CI runs it in its step of extra tests (ADMISSION_TEST_SET=extra, .ci/run).
+pytestmark = pytest.mark.extra
+
 ROOT = Path(__file__).resolve().parents[2]
 
 STARTS = ("empty", "0001", "0002", "legacy")

@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from admission.errors import BeforeWriteError, QueueFullError, TargetTimeoutError
 from admission.sql import SqlWorkerStore, create_admission_engine
 from admission.worker import (
@@ -37,6 +39,9 @@ from admission.worker import (
 from tests.conftest import SUMMARY_LINES
 from tests.support.backends import sqlite_url
 from tests.support.processes import running
+
+# Long: CI runs it in its step of extra tests (ADMISSION_TEST_SET=extra, .ci/run).
+pytestmark = pytest.mark.extra
 
 CTX = multiprocessing.get_context("spawn")
 SCOPE = {"tenant": "t1", "account": "a1", "page": "p1", "form": "f1"}
