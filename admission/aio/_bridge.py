@@ -79,6 +79,7 @@ def _worker_class() -> Any:
     return Worker
 
 
+@functools.cache
 def _greenlet_module() -> Any:
     greenlets()  # names what to install when greenlet is missing
     return importlib.import_module("greenlet")

@@ -10,51 +10,15 @@ loop never waits on a database.
 from __future__ import annotations
 
 import functools
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from admission.aio import AsyncAdmissionService
-from admission.receipts._rules import Admission, CommandType
+from admission.receipts._rules import Admission
 from admission.receipts._service import AdmissionService
 
 __all__ = ["AwaitedService", "awaited"]
-
-
-class AwaitedService(Protocol):
-    """The three calls the app makes, awaited."""
-
-    async def admit_signal(
-        self,
-        namespace: str,
-        workflow_id: str,
-        name: str,
-        arguments: object,
-        *,
-        request_id: str | None,
-        run_id: str | None,
-    ) -> Admission:
-        """As :meth:`AdmissionService.admit_signal`."""
-        ...
-
-    async def admit_update(
-        self,
-        namespace: str,
-        workflow_id: str,
-        name: str,
-        arguments: object,
-        *,
-        request_id: str | None,
-        run_id: str | None,
-    ) -> Admission:
-        """As :meth:`AdmissionService.admit_update`."""
-        ...
-
-    async def receipt(
-        self, namespace: str, workflow_id: str, command_type: CommandType, request_id: str
-    ) -> Admission | None:
-        """As :meth:`AdmissionService.receipt`."""
-        ...
 
 
 class _InThreads:
@@ -71,6 +35,10 @@ class _InThreads:
 
     async def receipt(self, *args: Any, **kwargs: Any) -> Admission | None:
         return await run_in_threadpool(functools.partial(self._service.receipt, *args, **kwargs))
+
+
+AwaitedService = AsyncAdmissionService | _InThreads
+"""What the app awaits: the async service itself, or a synchronous one on threads."""
 
 
 def awaited(service: AdmissionService | AsyncAdmissionService) -> AwaitedService:
