@@ -189,6 +189,7 @@ def test_admissions_survive_a_primary_killed_under_load(cluster: ReplicatedClust
     }
     report = {
         "frozen": [CLIENTS // 2 + i for i in range(len(frozen))],
+        "kill_to_promoted_seconds": round(ready_at - killed_at, 2),
         "fresh_before_kill": len(fresh_before),
         "in_flight": len(in_flight),
         "in_flight_resolved_as": dict(resolved_as),
