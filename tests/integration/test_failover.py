@@ -104,8 +104,10 @@ def test_admissions_survive_a_primary_killed_under_load(cluster: ReplicatedClust
         tmp_path / "follower-stop",
         tmp_path / "events.jsonl",
     )
+    # Both spellings of the multi-host URL: SQLAlchemy's for even clients, libpq's for odd ones.
+    urls = [url, cluster.multihost_url("admission", form="libpq")]
     clients = [
-        CTX.Process(target=failover.admit_until_stopped, args=(url, i, str(logs[i]), str(stop)))
+        CTX.Process(target=failover.admit_until_stopped, args=(urls[i % 2], i, str(logs[i]), str(stop)))
         for i in range(CLIENTS)
     ]
     frozen = clients[CLIENTS // 2 :]
