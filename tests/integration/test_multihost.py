@@ -166,9 +166,11 @@ def test_the_command_line_takes_either_form_and_never_prints_the_password(
     server_port: tuple[str, int],
 ) -> None:
     db, port = server_port
+    store = SqlStore.open(sqlalchemy_form(db, endpoints(port)))
+    AdmissionService(store).start_run("ns", "wf")
+    store.dispose()
     steps = [
-        (sqlalchemy_form, ["start", "wf", "--namespace", "ns"]),
-        (libpq_form, ["signal", "wf", "go", "--namespace", "ns", "--request-id", "k"]),
+        (sqlalchemy_form, ["signal", "wf", "go", "--namespace", "ns", "--request-id", "k"]),
         (libpq_form, ["db", "check"]),
     ]
     for form, args in steps:
