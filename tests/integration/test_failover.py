@@ -105,7 +105,9 @@ def test_admissions_survive_a_primary_killed_under_load(cluster: ReplicatedClust
         tmp_path / "events.jsonl",
     )
     # Both spellings of the multi-host URL: SQLAlchemy's for even clients, libpq's for odd ones.
-    urls = [url, cluster.multihost_url("admission", form="libpq")]
+    hosts, ports = zip(*((server.host, str(server.port)) for server in cluster.servers), strict=True)
+    libpq = f"postgresql://postgres@/admission?host={','.join(hosts)}&port={','.join(ports)}"
+    urls = [url, f"{libpq}&target_session_attrs=read-write"]
     clients = [
         CTX.Process(target=failover.admit_until_stopped, args=(urls[i % 2], i, str(logs[i]), str(stop)))
         for i in range(CLIENTS)

@@ -17,8 +17,7 @@ loss would, with no shutdown checkpoint and every client socket closed.
 accepts writes).  ``pause_replay(name)`` / ``resume_replay(name)`` hold and release a
 standby's replay (``pg_wal_replay_pause()``).  ``multihost_url(dbname)`` is the URL a
 client gives admission to find whichever server accepts writes:
-``postgresql+psycopg://postgres@/db?host=127.0.0.1:P1&host=127.0.0.1:P2&target_session_attrs=read-write``
-(``form="libpq"``: ``?host=127.0.0.1,127.0.0.1&port=P1,P2&target_session_attrs=read-write``).
+``postgresql+psycopg://postgres@/db?host=127.0.0.1:P1&host=127.0.0.1:P2&target_session_attrs=read-write``.
 """
 
 from __future__ import annotations
@@ -226,26 +225,14 @@ class ReplicatedCluster:
 
     # -- URLs --------------------------------------------------------------
 
-    def multihost_url(
-        self,
-        dbname: str | None = None,
-        *,
-        servers: list[PostgresServer] | None = None,
-        form: str = "sqlalchemy",
-    ) -> str:
-        """A multi-host URL over ``servers`` (default: every live one), read-write target: SQLAlchemy's
-        form (``host=h1:p1&host=h2:p2``) or, with ``form="libpq"``, libpq's (``host=h1,h2&port=p1,p2``)."""
+    def multihost_url(self, dbname: str | None = None, *, servers: list[PostgresServer] | None = None) -> str:
+        """SQLAlchemy's multi-host form over ``servers`` (default: every live one), read-write target."""
         servers = self.servers if servers is None else servers
         if not servers:
             raise PostgresError("no server to name in the URL")
         first = servers[0]
         user, db = quote(first.superuser, safe=""), quote(dbname or first.dbname, safe="")
-        if form == "libpq":
-            hosts = f"host={','.join(s.host for s in servers)}&port={','.join(str(s.port) for s in servers)}"
-        elif form == "sqlalchemy":
-            hosts = "&".join(f"host={s.host}:{s.port}" for s in servers)
-        else:
-            raise ValueError(f"form {form!r}: expected sqlalchemy or libpq")
+        hosts = "&".join(f"host={s.host}:{s.port}" for s in servers)
         return f"postgresql+psycopg://{user}@/{db}?{hosts}&target_session_attrs=read-write"
 
     def create_database(self, name: str, *, template: str = "template0") -> str:
