@@ -47,7 +47,8 @@ def caller_connection(engine: Engine, handle: object) -> Connection:
     its ``sync_session``'s connection.  The connection must reach the
     database of ``engine`` (the same engine, or one with the same backend,
     parameter style, host, port, database and schema: a driver or its asyncio
-    twin, any user and password).  Anything else, an async form outside the async service, or a
+    twin, any user and password; a multi-host URL's servers in any order, in
+    SQLAlchemy's form or libpq's).  Anything else, an async form outside the async service, or a
     transaction in autocommit raises :class:`~admission.errors.InputError`
     with ``field`` ``connection``, before anything is written.
     """
@@ -159,5 +160,29 @@ def _same_database(engine: Engine, other: Engine) -> bool:
 def _place(url: URL, server: bool) -> tuple[object, ...]:
     """Where ``url`` leads: the user and the password choose who connects, not where."""
     if server:
-        return (url.host, url.port, url.database, sorted(url.query.items()))
+        rest = sorted((key, value) for key, value in url.query.items() if key not in ("host", "port"))
+        return (_servers(url), url.database, rest)
     return (os.path.realpath(url.database) if url.database else None,)
+
+
+def _servers(url: URL) -> frozenset[tuple[str | None, int | None]]:
+    """The servers ``url`` names, as ``(host, port)``: one, or a multi-host URL's list in either form,
+    SQLAlchemy's (``host=a:1&host=b:2``) or libpq's (``host=a,b&port=1,2``).  The list's order is
+    only the order they are tried in, so a set: the same cluster named in another order or form."""
+    hosts = url.query.get("host")
+    if hosts is None:
+        return frozenset({(url.host, url.port)})
+    ports = url.query.get("port")
+    port_list = ports.split(",") if isinstance(ports, str) else list(ports or ())
+    if isinstance(hosts, str) and (port_list or "," in hosts or ":" not in hosts):
+        names = hosts.split(",")
+        if len(port_list) == 1:  # libpq: one port for every host
+            port_list *= len(names)
+        pairs = [(name, port_list[i] if i < len(port_list) else None) for i, name in enumerate(names)]
+    else:  # SQLAlchemy's form: ``host:port`` tokens, one string when there is only one
+        tokens = [hosts] if isinstance(hosts, str) else hosts
+        pairs = [(host, port or None) for host, _, port in (token.partition(":") for token in tokens)]
+    default = url.port
+    return frozenset(
+        (host or None, int(port) if port and port.isdigit() else default) for host, port in pairs
+    )
