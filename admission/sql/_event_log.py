@@ -80,12 +80,12 @@ _SET_VALUE: Final = text("SELECT setval(CAST(:s AS regclass), :top)")
 
 
 def _moved(after: EventCursor, next_tx_id: int, newest_tx_id: int | None) -> EventLogMovedError | None:
-    where = "admission db rebase-events (docs/event-log.md)"
+    where = "`admission db rebase-events --db URL` (docs/event-log.md)"
     if after.tx_id >= next_tx_id:
         return EventLogMovedError(
             f"the event log cursor (tx_id {after.tx_id}, position {after.position}) is at or past this "
             f"server's next transaction id {next_tx_id}: the database was moved to another cluster; "
-            f"stop its writers and run {where}",
+            f"stop its writers and readers and run {where}",
             cursor=(after.tx_id, after.position),
             next_tx_id=next_tx_id,
         )
@@ -93,7 +93,7 @@ def _moved(after: EventCursor, next_tx_id: int, newest_tx_id: int | None) -> Eve
         return EventLogMovedError(
             f"the event log holds transaction id {newest_tx_id}, at or past this server's next "
             f"transaction id {next_tx_id}: the database was moved to another cluster; stop its writers "
-            f"and run {where}",
+            f"and readers and run {where}",
             cursor=(after.tx_id, after.position),
             next_tx_id=next_tx_id,
         )

@@ -40,6 +40,7 @@ from admission.sql import (
     workflow_instances,
 )
 from admission.worker import DurableWorker, OutboxRelay, Scope, record_outbox
+from tests.integration.test_cli_failures import as_argv, hint_in
 from tests.support.backends import SQL_BACKENDS, PostgresPool, sqlite_url
 from tests.support.pgserver import PostgresServer
 
@@ -367,8 +368,9 @@ def test_a_dump_and_restore_to_a_fresh_cluster_is_detected_and_rebased_exactly(t
                 text("SELECT setval(pg_get_serial_sequence('workflow_history_events', 'position'), 1)")
             )
 
-        secret_url = with_password(new_url)
-        result = cli("db", "rebase-events", "--db", secret_url, "--cursor", f"{mine.tx_id}:{mine.position}")
+        # The command the error names, as it names it, with the reader's own cursor too.
+        hinted = as_argv(hint_in(str(info.value)), with_password(new_url))
+        result = cli(*hinted, "--cursor", f"{mine.tx_id}:{mine.position}")
         assert result.returncode == 0, result.stderr
         assert "s3cret" not in result.stdout + result.stderr
         report = json.loads(result.stdout)
