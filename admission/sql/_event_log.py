@@ -26,6 +26,7 @@ from admission.errors import EventLogMovedError, StateError
 from admission.receipts._store import EventCursor, EventRow
 from admission.sql._engine import is_postgresql, wrap_exceptions
 from admission.sql._receipt_queries import event_row
+from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     outbox_cursors,
     worker_events,
@@ -171,12 +172,16 @@ def rebase_event_log(engine: Engine, cursors: Iterable[EventCursor] = ()) -> Eve
     copy of the file keeps its positions).  Raises
     :class:`~admission.errors.StateError` naming the reason when the log
     cannot be rebased exactly (a relay that has already read events written
-    on this cluster since the move).
+    on this cluster since the move), and
+    :class:`~admission.errors.SchemaRevisionError` when the database is not
+    at the head revision.
     """
     given = tuple(cursors)
-    if not is_postgresql(engine.dialect):
-        return EventLogRebase(None, cursors=tuple((c, c) for c in given))
     with wrap_exceptions(engine.dialect), engine.connect() as conn, conn.begin():
+        # Only the head's tables are known here (contract §6): an older schema is refused first.
+        check_revision(conn)
+        if not is_postgresql(engine.dialect):
+            return EventLogRebase(None, cursors=tuple((c, c) for c in given))
         # Writers wait; readers (which take no such lock) may still read, and
         # either see the log before or after, never half of it.
         conn.execute(text(f"LOCK TABLE {_events.name}, {outbox_cursors.name} IN EXCLUSIVE MODE"))
