@@ -275,9 +275,7 @@ def _advance_sequences(conn: Connection) -> tuple[str, ...]:
         if sequence is None:
             continue
         top = conn.execute(text(f'SELECT max("{column}") FROM {table}')).scalar()
-        last = conn.execute(
-            text("SELECT pg_sequence_last_value(CAST(:s AS regclass))"), {"s": sequence}
-        ).scalar()
+        last = conn.execute(_LAST_VALUE, {"s": sequence}).scalar()
         if top is not None and (last is None or int(last) < int(top)):
             # The next value handed out is top + 1: a position is never given twice.
             conn.execute(_SET_VALUE, {"s": sequence, "top": int(top)})

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, insert, literal, select, text, tuple_
 
-from admission import EventLogMovedError
+from admission import EventLogMovedError, StateError
 from admission.cli import main
 from admission.receipts import AdmissionService, EventCursor
 from admission.sql import (
@@ -202,6 +202,29 @@ def test_rebase_refuses_a_log_that_needs_none(pg_url: str, capsys: pytest.Captur
     store.dispose()
 
 
+def test_rebase_refuses_a_relay_that_read_events_written_after_the_move(
+    pg_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = SqlStore.open(pg_url)
+    relay = relay_for(store)
+    outbox(store, "moved")
+    ahead = next_tx_id(store.engine) + 1_000_000
+    with store.engine.begin() as conn:  # the moved log, from a counter far ahead
+        conn.execute(events.update().values(tx_id=ahead))
+    here = outbox(store, "here")
+    with store.engine.begin() as conn:  # a relay that started over on the new cluster and read it
+        conn.execute(
+            insert(outbox_cursors).values(consumer="crm-relay", tx_id=0, position=here, updated_at=NOW)
+        )
+    before = unguarded(store.engine, EventCursor()), relay.cursor()
+    with pytest.raises(StateError, match="consumer crm-relay has read events written on this cluster"):
+        rebase_event_log(store.engine)
+    assert main(["db", "rebase-events", "--db", pg_url]) == 4
+    assert "delete its cursor" in capsys.readouterr().err
+    assert (unguarded(store.engine, EventCursor()), relay.cursor()) == before  # nothing changed
+    store.dispose()
+
+
 @pytest.mark.skipif("sqlite" not in SQL_BACKENDS, reason="ADMISSION_TEST_BACKEND excludes SQLite")
 def test_sqlite_has_no_transaction_ids_and_nothing_to_rebase(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -216,6 +239,8 @@ def test_sqlite_has_no_transaction_ids_and_nothing_to_rebase(
     assert main(["db", "rebase-events", "--db", url]) == 4
     out, err = capsys.readouterr()
     assert out == "" and "needs no rebase" in err
+    # A database not at the head is refused before anything is read (exit 3).
+    assert main(["db", "rebase-events", "--db", sqlite_url(tmp_path, migrated=False)]) == 3
 
 
 # -- the property: after a rebase every known cursor reads exactly what it had not read ------------
