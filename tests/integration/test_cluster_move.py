@@ -17,6 +17,7 @@ import json
 import pickle
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -26,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, func, insert, literal, select, text, tuple_
 
-from admission import EventLogMovedError, StateError
+from admission import EventLogMovedError, StateError, StorageError
 from admission.cli import main
 from admission.receipts import AdmissionService, EventCursor
 from admission.sql import (
@@ -43,6 +44,7 @@ from admission.worker import DurableWorker, OutboxRelay, Scope, record_outbox
 from tests.integration.test_cli_failures import as_argv, hint_in
 from tests.support.backends import SQL_BACKENDS, PostgresPool, sqlite_url
 from tests.support.pgserver import PostgresServer
+from tests.support.processes import WAIT
 
 ROOT = Path(__file__).resolve().parents[2]
 SCOPE = {"tenant": "t1", "account": "a1"}
@@ -419,4 +421,90 @@ def test_a_dump_and_restore_to_a_fresh_cluster_is_detected_and_rebased_exactly(t
 
         again = cli("db", "rebase-events", "--db", new_url)
         assert again.returncode == 4 and "needs no rebase" in again.stderr
+        store.dispose()
+
+
+def psql(server: PostgresServer, dbname: str, *args: str) -> str:
+    done = subprocess.run(
+        [str(server.bindir / "psql"), "-h", server.host, "-p", str(server.port), "-U", server.superuser,
+         "-d", dbname, "-v", "ON_ERROR_STOP=1", "-q", "-At", *args],
+        check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def caught_up(old_server: PostgresServer, new_server: PostgresServer, dbname: str) -> bool:
+    """Whether every table of the subscription is synchronised and its rows are all on the new side."""
+    states = psql(
+        new_server, dbname, "-c", "SELECT count(*) FILTER (WHERE srsubstate <> 'r') FROM pg_subscription_rel"
+    )
+    counts = "SELECT (SELECT count(*) FROM workflow_history_events), (SELECT count(*) FROM outbox_cursors)"
+    return states == "0" and psql(old_server, dbname, "-c", counts) == psql(new_server, dbname, "-c", counts)
+
+
+@pytest.mark.extra  # two servers of its own and a subscription: about 20 s
+def test_a_logical_replication_move_is_detected_and_rebased_with_its_sequences(tmp_path: Path) -> None:
+    _need_postgresql()
+    with PostgresServer(settings={"wal_level": "logical"}) as old_server, PostgresServer() as new_server:
+        old_url = old_server.create_database("app")
+        upgrade(engine := create_admission_engine(old_url))
+        engine.dispose()
+        store = SqlStore.open(old_url)
+        with store.engine.connect() as conn:
+            conn.execute(text(BURN_IDS.format(count=5000)))
+            conn.commit()
+        relay = relay_for(store)
+        for key in ("e1", "e2", "e3"):
+            outbox(store, key)
+        assert relay.pump(limit=2).accepted == 2
+        cursor = relay.cursor()
+
+        # The schema first, then every table by a subscription, as logical replication is set up.
+        dump = tmp_path / "schema.sql"
+        subprocess.run(
+            [str(old_server.bindir / "pg_dump"), "-h", old_server.host, "-p", str(old_server.port),
+             "-U", old_server.superuser, "-d", "app", "--schema-only", "-f", str(dump)],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        new_url = new_server.create_database("app")
+        psql(new_server, "app", "-f", str(dump))
+        psql(old_server, "app", "-c", "CREATE PUBLICATION admission FOR ALL TABLES")
+        source = f"host={old_server.host} port={old_server.port} user={old_server.superuser} dbname=app"
+        psql(
+            new_server,
+            "app",
+            "-c",
+            f"CREATE SUBSCRIPTION admission CONNECTION '{source}' PUBLICATION admission",
+        )
+        outbox(store, "e4")  # streamed after the initial copy
+        # The cut-over: writers and readers stopped, the subscription caught up, then dropped.
+        store.dispose()
+        deadline = time.monotonic() + WAIT
+        while not caught_up(old_server, new_server, "app"):
+            assert time.monotonic() < deadline, "the subscription never caught up"
+            time.sleep(0.2)
+        psql(new_server, "app", "-c", "DROP SUBSCRIPTION admission")
+
+        store = SqlStore.open(new_url)
+        relay = relay_for(store)
+        assert relay.cursor() == cursor and next_tx_id(store.engine) <= cursor.tx_id
+        with pytest.raises(EventLogMovedError, match="relay 'crm-relay'"):
+            relay.pump()
+        # The sequences did not come along: a write fails loudly on a position already taken.
+        with pytest.raises(StorageError):
+            outbox(store, "too-early")
+
+        result = cli("db", "rebase-events", "--db", new_url)
+        assert result.returncode == 0, result.stderr
+        report = json.loads(result.stdout)
+        assert report["events"] == 4
+        moved = {name.rsplit(".", 1)[-1] for name in report["sequences"]}
+        assert {"workflow_history_events_position_seq", "worker_records_id_seq"} <= moved
+
+        later = outbox(store, "n1")
+        assert later == 5  # the next position after every moved one, never one given before
+        pumped = relay.pump()
+        assert (pumped.read, pumped.accepted, pumped.duplicates) == (3, 3, 0)  # e3, e4, n1
+        assert accepted_keys(store) == ["e1", "e2", "e3", "e4", "n1"]
+        assert cli("db", "rebase-events", "--db", new_url).returncode == 4
         store.dispose()
