@@ -5,8 +5,8 @@ restore (or a logical-replication copy) lands on a cluster whose counter is
 lower: a reader's cursor is then ahead of every id the new cluster hands out,
 and the events written there sort behind it.  These tests move a real
 database with ``pg_dump | psql`` (and another by logical replication) to a
-fresh server, show what the unguarded
-query would have returned (nothing: the new events skipped for good), that
+fresh server, show what the unguarded query would have returned (nothing:
+the new events skipped for good), that
 every reader now fails with ``EventLogMovedError`` instead, and that after
 ``admission db rebase-events`` each reader resumes with every event it had
 not read, exactly once, and none it had.
