@@ -25,6 +25,7 @@ catch a kind without naming every subsystem's error::
     │   ├── WorkerLockedError, LeaseHeldError
     │   └── FencedError ── JobFencedError
     ├── StorageError           the database failed or refused (retryable)
+    ├── EventLogMovedError     the event log's transaction ids are another cluster's (not retryable)
     ├── SchemaRevisionError    the database is not at the revision this version reads
     │   ├── UnstampedSchemaError   admission's tables with no revision recorded: adopt them
     │   └── SchemaDriftError       adoption refused: the tables differ from the revision compared
@@ -48,6 +49,7 @@ __all__ = [
     "BeforeWriteError",
     "CodecError",
     "CommandKeyError",
+    "EventLogMovedError",
     "FencedError",
     "InputError",
     "InvalidCommandTypeError",
@@ -140,20 +142,13 @@ class InvalidValueError(InputError):
     code: ClassVar[str] = "invalid_value"
 
     def __init__(
-        self,
-        reason: str,
-        *,
-        field: str = "value",
-        path: str = "$",
-        offset: int | None = None,
+        self, reason: str, *, field: str = "value", path: str = "$", offset: int | None = None
     ) -> None:
         where = f"{field} at {path}" if path else field
         if offset is not None:
             where += f" (byte {offset})"
         super().__init__(f"{where}: {reason}", field=field)
-        self.reason = reason
-        self.path = path
-        self.offset = offset
+        self.reason, self.path, self.offset = reason, path, offset
 
 
 class CodecError(InvalidValueError):
@@ -355,14 +350,9 @@ class RequestIdConflictError(CommandKeyError):
     code: ClassVar[str] = "request_id_conflict"
 
     def __init__(
-        self,
-        message: str,
-        *,
-        request_id: str,
-        conflict: tuple[str, ...],
-        retained_command_id: str | None,
+        self, message: str, *, request_id: str, conflict: tuple[str, ...], retained_command_id: str | None,
         retained_outcome: str | None,
-    ) -> None:
+    ) -> None:  # fmt: skip
         super().__init__(message, request_id=request_id)
         self.conflict = conflict
         self.retained_command_id = retained_command_id
@@ -521,6 +511,20 @@ class StorageError(AdmissionError, RuntimeError):
     def __init__(self, message: str, *, constraint: str | None = None) -> None:
         super().__init__(message)
         self.constraint = constraint
+
+
+class EventLogMovedError(AdmissionError, RuntimeError):
+    """A reader's ``cursor`` (tx_id, position) or the log's newest event is at or past ``next_tx_id``, the
+    server's next transaction id: the log came from another cluster (docs/event-log.md).  Nothing was read.
+    Not retryable: run ``admission db rebase-events``.  ``consumer`` names the reader when known."""
+
+    code: ClassVar[str] = "event_log_moved"
+
+    def __init__(
+        self, message: str, *, cursor: tuple[int, int], next_tx_id: int, consumer: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.cursor, self.next_tx_id, self.consumer = cursor, next_tx_id, consumer
 
 
 class SchemaRevisionError(AdmissionError, RuntimeError):

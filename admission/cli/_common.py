@@ -65,7 +65,7 @@ EXIT_SCHEMA = 3
 """The database is not at the schema revision this version reads."""
 EXIT_REFUSED = 4
 """Refused by run state: ``run_not_active``, ``rejected_not_current``, or a lifecycle call
-that does not fit the run."""
+that does not fit the run; ``db rebase-events`` with nothing to rebase, or no exact rebase."""
 EXIT_STORAGE = 5
 """The database failed or is unavailable."""
 EXIT_UNSTAMPED = 6

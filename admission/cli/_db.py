@@ -1,4 +1,5 @@
-"""``admission db``: upgrade, check and downgrade the schema revision (alembic), adopt unstamped tables."""
+"""``admission db``: upgrade, check and downgrade the schema revision (alembic), adopt unstamped tables,
+rebase the event log after a move to another cluster."""
 
 from __future__ import annotations
 
@@ -18,10 +19,18 @@ from admission.cli._common import (
     print_error,
     print_json,
 )
-from admission.errors import AdmissionError, SchemaDriftError, SchemaRevisionError, UnstampedSchemaError
+from admission.errors import (
+    AdmissionError,
+    SchemaDriftError,
+    SchemaRevisionError,
+    StateError,
+    UnstampedSchemaError,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
+
+    from admission.receipts import EventCursor
 
 __all__ = ["add_parser"]
 
@@ -136,6 +145,57 @@ def _deep_check(engine: Engine, report: dict[str, object], max_findings: int) ->
     return EXIT_FINDINGS
 
 
+def _cmd_db_rebase_events(args: argparse.Namespace) -> int:
+    from admission.sql import create_admission_engine, masked_url, rebase_event_log
+
+    engine = create_admission_engine(db_url(args), **engine_options(args))
+    try:
+        report = rebase_event_log(engine, args.cursor)
+    except StateError as exc:
+        print_error(exc)
+        return EXIT_REFUSED
+    finally:
+        engine.dispose()
+    if not report.needed:
+        print_error(
+            "the event log needs no rebase: every transaction id it and its cursors hold is below this "
+            "server's next one, and every position sequence is past its table's positions; nothing changed"
+        )
+        return EXIT_REFUSED
+    print_json(
+        {
+            "database": masked_url(db_url(args)),
+            "next_tx_id": report.next_tx_id,
+            "rebased": report.rebased,
+            "events": report.events,
+            "consumers": [
+                {"consumer": name, "before": _cursor_json(before), "after": _cursor_json(after)}
+                for name, before, after in report.consumers
+            ],
+            "cursors": [{"before": _cursor_json(b), "after": _cursor_json(a)} for b, a in report.cursors],
+            "sequences": list(report.sequences),
+        }
+    )
+    return EXIT_OK
+
+
+def _cursor_json(cursor: EventCursor) -> dict[str, int]:
+    return {"tx_id": cursor.tx_id, "position": cursor.position}
+
+
+def _event_cursor(text: str) -> EventCursor:
+    from admission.receipts import EventCursor
+
+    tx_id, sep, position = text.partition(":")
+    try:
+        values = (int(tx_id, 10), int(position, 10)) if sep else None
+    except ValueError:
+        values = None
+    if values is None or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected TX_ID:POSITION, two whole numbers, got {text!r}")
+    return EventCursor(*values)
+
+
 def _count(text: str) -> int:
     try:
         value = int(text, 10)
@@ -147,7 +207,7 @@ def _count(text: str) -> int:
 
 
 def add_parser(commands: Commands) -> None:
-    """Add ``db upgrade``, ``db check`` and ``db downgrade``."""
+    """Add ``db upgrade``, ``db check``, ``db downgrade`` and ``db rebase-events``."""
     db = commands.add_parser("db", help="schema revisions (alembic)")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     db_upgrade = db_commands.add_parser("upgrade", help="upgrade the schema (to the head by default)")
@@ -192,3 +252,18 @@ def add_parser(commands: Commands) -> None:
         help="downgrade even though receipts with intent digests, worker records or jobs exist",
     )
     db_downgrade.set_defaults(handler=_cmd_db_downgrade)
+    db_rebase = db_commands.add_parser(
+        "rebase-events",
+        help="after moving a PostgreSQL database to another cluster, with its writers and readers "
+        "stopped: rewrite the event log's transaction ids below the new cluster's, keeping every "
+        "cursor's place, and move position sequences up (exit 4 if nothing needs it; docs/event-log.md)",
+    )
+    db_rebase.add_argument(
+        "--cursor",
+        type=_event_cursor,
+        action="append",
+        default=[],
+        metavar="TX_ID:POSITION",
+        help="a reader's own cursor to carry over too (repeatable); the output gives its new value",
+    )
+    db_rebase.set_defaults(handler=_cmd_db_rebase_events)

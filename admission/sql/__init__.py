@@ -37,6 +37,7 @@ from admission.sql._engine import (
     schema_of,
     wrap_exceptions,
 )
+from admission.sql._event_log import EventLogRebase, rebase_event_log
 from admission.sql._host import ADMISSION_TABLES, host_include_object, prepare_host_database
 from admission.sql._jobs import SqlJobStore
 from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade, upgrade_sql
@@ -93,6 +94,7 @@ __all__ = [
     "AuditReport",
     "BulkInsert",
     "BulkStatement",
+    "EventLogRebase",
     "Finding",
     "RawStatement",
     "SqlJobStore",
@@ -120,6 +122,7 @@ __all__ = [
     "normalize_url",
     "outbox_cursors",
     "prepare_host_database",
+    "rebase_event_log",
     "revision_of",
     "schema_of",
     "upgrade",

@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, delete, func, literal, select, tuple_, update
+from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import (
@@ -52,6 +52,7 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
+from admission.sql._event_log import read_after
 from admission.sql._greenlet import wait
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
@@ -550,18 +551,18 @@ class SqlStore:
         On PostgreSQL only events of transactions older than every transaction
         still running are returned (``tx_id < txid_snapshot_xmin``): a
         transaction still open may yet commit events with lower positions,
-        and a reader that passed them would never see them.
+        and a reader that passed them would never see them.  A cursor, or a
+        log, holding a transaction id this server has not handed out yet
+        (the database moved to another cluster) raises
+        :class:`~admission.errors.EventLogMovedError` and reads nothing.
         """
-        events = workflow_history_events
-        query = select(events)
         if self.postgres:
-            query = query.where(
-                tuple_(events.c.tx_id, events.c.position)
-                > tuple_(literal(after.tx_id), literal(after.position)),
-                events.c.tx_id < func.txid_snapshot_xmin(func.txid_current_snapshot()),
-            ).order_by(events.c.tx_id, events.c.position)
-        else:
-            query = query.where(events.c.position > after.position).order_by(events.c.position)
+            # The same statement reads the server's transaction counter: a
+            # cursor or log from another cluster raises EventLogMovedError.
+            with self._read() as conn:
+                return read_after(conn, after, limit)
+        events = workflow_history_events
+        query = select(events).where(events.c.position > after.position).order_by(events.c.position)
         with self._read() as conn:
             rows = conn.execute(query.limit(limit)).mappings().all()
         return [event_row(r) for r in rows]

@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from admission.errors import InvalidRecordError, QueueFullError, ScopeMismatchError, StorageError
+from admission.errors import (
+    EventLogMovedError,
+    InvalidRecordError,
+    QueueFullError,
+    ScopeMismatchError,
+    StorageError,
+)
 from admission.intent._encoding import canonical_decode, canonical_encode
 from admission.receipts._store import EventCursor, EventRow, Store
 from admission.worker._intake import check_name
@@ -139,9 +145,24 @@ class OutboxRelay:
         return self.worker.store.read_cursor(self.consumer)
 
     def pump(self, limit: int = 100) -> RelayReport:
-        """One pass over at most ``limit`` events after the cursor."""
+        """One pass over at most ``limit`` events after the cursor.
+
+        Raises :class:`~admission.errors.EventLogMovedError` naming this relay,
+        having moved nothing, when the log was moved to another PostgreSQL
+        cluster and not rebased yet (docs/event-log.md).
+        """
         tally = {"read": 0, "accepted": 0, "duplicate": 0, "conflict": 0, "refused": 0}
-        for event in self.store.read_events(self.cursor(), limit):
+        try:
+            events = self.store.read_events(self.cursor(), limit)
+        except EventLogMovedError as exc:
+            # Named, so that the operator knows which cursor the rebase must carry.
+            raise EventLogMovedError(
+                f"relay {self.consumer!r}: {exc}",
+                cursor=exc.cursor,
+                next_tx_id=exc.next_tx_id,
+                consumer=self.consumer,
+            ) from exc
+        for event in events:
             try:
                 with self.worker.store.transaction(self.worker.queue) as tx:
                     self._advance(tx, event)

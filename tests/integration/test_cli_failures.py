@@ -326,6 +326,8 @@ def test_the_hints_are_the_ones_exercised_below() -> None:
     assert hints_in_the_source() == {
         "admission db upgrade --db URL",
         "admission db downgrade REVISION --allow-unsafe --db URL",
+        # EventLogMovedError's: run in tests/integration/test_cluster_move.py (a real cluster move).
+        "admission db rebase-events --db URL",
     }
 
 

@@ -24,6 +24,7 @@ def test_public_api_is_pinned() -> None:
             "CommandKeyError",
             "Decision",
             "EncodedIntent",
+            "EventLogMovedError",
             "FencedError",
             "InputError",
             "InvalidCommandTypeError",

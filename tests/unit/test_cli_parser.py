@@ -19,6 +19,7 @@ MINIMAL: dict[tuple[str, ...], list[str]] = {
     ("db", "upgrade"): [],
     ("db", "check"): [],
     ("db", "downgrade"): ["0001"],
+    ("db", "rebase-events"): ["--cursor", "12:3"],
     ("start",): ["wf"],
     ("close",): ["wf", "--status", "completed"],
     ("signal",): ["wf", "go"],
