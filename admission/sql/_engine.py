@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
 from admission.sql._greenlet import greenlets, wait
-from admission.sql._pooler import POOLER_PARAMETER, apply_pooler
+from admission.sql._pooler import POOLER_HINT, POOLER_PARAMETER, apply_pooler
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
@@ -514,4 +514,12 @@ def _translated(error: BaseException, dbapi: Any, refusals: Refusals | None) -> 
         return StorageError(f"the database refused a write ({name})", constraint=name)
     if isinstance(error, dbapi.OperationalError):
         return StorageError(f"the database is unavailable or busy: {error}")
+    if getattr(error, "sqlstate", None) in _PREPARED_ELSEWHERE:
+        return StorageError(f"the database refused an operation: {error}; {POOLER_HINT}")
     return StorageError(f"the database refused an operation: {error}")
+
+
+_PREPARED_ELSEWHERE: Final = ("26000", "42P05")
+"""A prepared statement missing (``invalid_sql_statement_name``) or already there
+(``duplicate_prepared_statement``) on the server session: what a pooler in transaction mode
+does to the driver's prepared statements when admission was not told of it."""

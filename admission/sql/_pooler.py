@@ -39,7 +39,7 @@ from sqlalchemy.engine import URL
 
 from admission.errors import InputError
 
-__all__ = ["POOLERS", "POOLER_PARAMETER", "apply_pooler", "pooler_of"]
+__all__ = ["POOLERS", "POOLER_HINT", "POOLER_PARAMETER", "apply_pooler", "pooler_of"]
 
 POOLERS: Final = ("transaction",)
 """The poolers admission knows: ``transaction`` (a pooler in transaction mode, PgBouncer's
@@ -49,6 +49,12 @@ needs no setting."""
 POOLER_PARAMETER: Final = "admission_pooler"
 """The URL query parameter that sets the pooler (``?admission_pooler=transaction``), popped by
 admission before the driver sees the URL."""
+
+POOLER_HINT: Final = (
+    "behind a pooler in transaction mode (PgBouncer's pool_mode = transaction), "
+    "add admission_pooler=transaction to the database URL"
+)
+"""What an error caused by a transaction pooler that admission was not told of says to do."""
 
 _POOLER_OPTION: Final = "admission_pooler"
 """The engine execution option that records the pooler (see :func:`pooler_of`)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -70,6 +71,11 @@ SETTINGS: dict[str, str] = {
     "unix_socket_dir": "",
 }
 
+PREPARED_SINCE = (1, 21)
+"""The first PgBouncer that can keep protocol-level prepared statements (``max_prepared_statements``;
+on by default since 1.22).  Set to 0 here, so that every version behaves as Debian 12's 1.18: what
+admission must do without that help is what the tests check."""
+
 _LOG_TAIL = 6000
 
 
@@ -87,6 +93,17 @@ def find_binary(env: dict[str, str] | os._Environ[str] | None = None) -> Path | 
     if found is None:
         found = next((f"{d}/pgbouncer" for d in SEARCHED if os.access(f"{d}/pgbouncer", os.X_OK)), None)
     return None if found is None else Path(found)
+
+
+def version_of(binary: Path) -> tuple[int, ...]:
+    """``pgbouncer --version``'s first line as numbers: ``PgBouncer 1.18.0`` -> ``(1, 18, 0)``."""
+    out = subprocess.run(
+        [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    match = re.search(r"PgBouncer (\d+)\.(\d+)(?:\.(\d+))?", out)
+    if match is None:
+        raise PgBouncerError(f"{binary} --version said {out[:200]!r}")
+    return tuple(int(part) for part in match.groups(default="0"))
 
 
 def ensure_binary() -> Path:
@@ -152,6 +169,7 @@ class PgBouncer:
         self.port: int | None = None
         self.root: Path | None = None
         self.binary: Path | None = None
+        self.version: tuple[int, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
         self._watchdog: subprocess.Popen[str] | None = None
         self._stopped = False
@@ -203,6 +221,7 @@ class PgBouncer:
         if self.server.port is None:
             raise PgBouncerError("the PostgreSQL server is not started")
         self.binary = ensure_binary()
+        self.version = version_of(self.binary)
         account = server_account()
         self.root = Path(tempfile.mkdtemp(prefix="admission-pgb-", dir=_temp_base(account is not None)))
         atexit.register(self.stop)
@@ -243,6 +262,8 @@ class PgBouncer:
             "stats_users": superuser,
             **SETTINGS,
         }
+        if self.version >= PREPARED_SINCE:
+            settings["max_prepared_statements"] = "0"
         lines = ["[databases]", f"* = host={self.server.host} port={self.server.port}", "", "[pgbouncer]"]
         lines += [f"{key} = {value}" for key, value in settings.items()]
         return "\n".join(lines) + "\n"
