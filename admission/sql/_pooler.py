@@ -81,7 +81,7 @@ def apply_pooler(url: URL, pooler: str | None, schema: str | None, kwargs: dict[
     if pooler is None:
         return url
     if pooler not in POOLERS:
-        raise InputError(f"expected one of {', '.join(POOLERS)}, not {pooler!r}", field="pooler")
+        raise InputError(f"the pooler must be one of {', '.join(POOLERS)}, not {pooler!r}", field="pooler")
     if url.get_backend_name() != "postgresql" or url.get_driver_name() not in _DRIVERS:
         raise InputError("a pooler applies to PostgreSQL (postgresql:// URLs, psycopg) only", field="pooler")
     if schema is not None:
