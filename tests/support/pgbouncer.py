@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -83,7 +84,7 @@ class PgBouncerError(RuntimeError):
     """PgBouncer could not be found, installed or started."""
 
 
-def find_binary(env: dict[str, str] | os._Environ[str] | None = None) -> Path | None:
+def find_binary(env: Mapping[str, str] | None = None) -> Path | None:
     """``$ADMISSION_PGBOUNCER``, else ``pgbouncer`` on ``PATH``, in ``/usr/sbin`` or ``/usr/bin``."""
     env = os.environ if env is None else env
     explicit = env.get(ENV_BINARY)
@@ -120,9 +121,13 @@ def ensure_binary() -> Path:
         if found is not None:
             return found
         try:
-            _run_logged([apt_get, "update", "-q"], env=env, timeout=900)
+            # Another installer (PostgreSQL's, tests/support/pgserver.py) may hold dpkg's lock: wait for it.
+            wait = ["-o", "DPkg::Lock::Timeout=600"]
+            _run_logged([apt_get, *wait, "update", "-q"], env=env, timeout=900)
             _run_logged(
-                [apt_get, "install", "-y", "-q", "--no-install-recommends", "pgbouncer"], env=env, timeout=900
+                [apt_get, *wait, "install", "-y", "-q", "--no-install-recommends", "pgbouncer"],
+                env=env,
+                timeout=900,
             )
         except Exception as exc:
             raise PgBouncerError(f"pgbouncer could not be installed: {exc}") from exc
