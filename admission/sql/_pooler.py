@@ -19,9 +19,9 @@ session setting.  ``pooler="transaction"`` (or the URL's
   (``admission.sql._connections.REPLAN_AFTER``): both only exist to renew
   generic plans of prepared statements, and an unnamed statement is planned
   for its own parameters each time.
-* ``schema=`` is refused: it is a startup parameter (``options``) that a
-  pooler either refuses (PgBouncer 1.18) or does not carry to the server
-  session the next transaction gets.
+* ``schema=`` is refused: it is a startup parameter (``options``) that
+  PgBouncer 1.18 refuses, and that a pooler lending each transaction any
+  server session cannot be relied on to have applied there.
 
 What admission already keeps inside transactions needs nothing more: the
 admission lock is a row lock (``SELECT ... FOR UPDATE``), migrations set
