@@ -41,6 +41,7 @@ from admission.sql._event_log import EventLogRebase, rebase_event_log
 from admission.sql._host import ADMISSION_TABLES, host_include_object, prepare_host_database
 from admission.sql._jobs import SqlJobStore
 from admission.sql._migrate import alembic_config, downgrade, revision_of, upgrade, upgrade_sql
+from admission.sql._pooler import POOLER_PARAMETER, POOLERS, pooler_of
 from admission.sql._raw import BulkInsert, BulkStatement, RawStatement
 from admission.sql._receipts import SqlStore
 from admission.sql._revisions import (
@@ -85,6 +86,8 @@ __all__ = [
     "FINDING_KINDS",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
+    "POOLERS",
+    "POOLER_PARAMETER",
     "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "SQLITE_BUSY_TIMEOUT_MS",
@@ -121,6 +124,7 @@ __all__ = [
     "metadata",
     "normalize_url",
     "outbox_cursors",
+    "pooler_of",
     "prepare_host_database",
     "rebase_event_log",
     "revision_of",

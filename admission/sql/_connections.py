@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 from admission.errors import AdmissionError
 from admission.sql._engine import is_postgresql
+from admission.sql._pooler import pooler_of
 
 __all__ = [
     "READ_CONNECTIONS",
@@ -49,6 +50,8 @@ costs more with every command stored (1.6 ms against 0.13 ms after 3,000
 admissions).  Planning again for the tables as they are makes it a point
 probe for good.  The receipt-read connection is replaced; a write connection
 drops its prepared statements (``DEALLOCATE ALL``, which psycopg follows).
+Behind a transaction pooler nothing is prepared (``admission/sql/_pooler.py``):
+neither is done.
 """
 
 USES: Final = "admission_uses"
@@ -73,6 +76,7 @@ class Readers:
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._replan = pooler_of(engine) is None  # see REPLAN_AFTER
         self._local = threading.local()
         self._mutex = threading.Lock()
         self._open: list[tuple[int, threading.Thread, Any]] = []
@@ -86,7 +90,7 @@ class Readers:
         held = getattr(self._local, "held", None)
         if held is not None and held[0] == pid:
             held[3] += 1
-            if not replan_due(held[3]):
+            if not (self._replan and replan_due(held[3])):
                 return held[2]
             uses = held[3]
             self.discard()  # replaced, so that its statements are planned again (REPLAN_AFTER)
@@ -153,6 +157,7 @@ class LendingReaders:
     def __init__(self, engine: Engine, limit: int) -> None:
         self._engine = engine
         self._limit = limit
+        self._replan = pooler_of(engine) is None  # see REPLAN_AFTER
         self._mutex = threading.Lock()
         self._pid = os.getpid()
         # [connection, cursor, uses]
@@ -201,7 +206,7 @@ class LendingReaders:
                 proxy.close()  # back to the pool, which rolls back what the read began
             return
         held[2] += 1
-        if replan_due(held[2]):
+        if self._replan and replan_due(held[2]):
             # Replaced, so that its statements are planned again (REPLAN_AFTER).
             uses = held[2]
             self._drop(held)

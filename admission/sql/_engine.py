@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
 from admission.sql._greenlet import greenlets, wait
+from admission.sql._pooler import POOLER_HINT, POOLER_PARAMETER, apply_pooler
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
@@ -108,7 +109,12 @@ LockWait = Literal["blocking", "awaited"]
 
 
 def create_admission_engine(
-    url: str, *, schema: str | None = None, lock_wait: LockWait = "blocking", **kwargs: Any
+    url: str,
+    *,
+    schema: str | None = None,
+    lock_wait: LockWait = "blocking",
+    pooler: str | None = None,
+    **kwargs: Any,
 ) -> Engine:
     """Create an engine configured as admission needs it.
 
@@ -134,6 +140,14 @@ def create_admission_engine(
     connection starts with it as its only ``search_path``, so the same
     statements serve every schema.  ``admission db upgrade`` creates it.
 
+    ``pooler="transaction"`` (PostgreSQL only; or ``admission_pooler=transaction``
+    in the URL's query, taken out before the driver sees it): the database is
+    reached through a pooler in transaction mode (PgBouncer's ``pool_mode =
+    transaction``), so nothing is kept on a server session: no prepared
+    statement, no ``DEALLOCATE ALL``, no session setting
+    (``admission/sql/_pooler.py``).  Another value raises
+    :class:`~admission.errors.InputError` (``field`` ``pooler``).
+
     A URL that cannot be parsed, or that names a dialect or driver that is
     not installed, raises :class:`~admission.errors.InputError` (``field``
     ``url``), keeping SQLAlchemy's error as the cause.
@@ -147,7 +161,7 @@ def create_admission_engine(
         raise InputError("must be blocking or awaited", field="lock_wait")
     if lock_wait == "awaited":
         kwargs[_AWAITED_LOCK] = True
-    engine = _admission_engine(url, schema, kwargs)
+    engine = _admission_engine(url, schema, kwargs, pooler)
     # An asyncio driver's URL: the synchronous face of its engine, for code run by admission.aio.run_sync.
     return engine.sync_engine if isinstance(engine, AsyncEngine) else engine
 
@@ -186,23 +200,27 @@ def async_url(url: str) -> str:
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 
-def create_async_admission_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> AsyncEngine:
+def create_async_admission_engine(
+    url: str, *, schema: str | None = None, pooler: str | None = None, **kwargs: Any
+) -> AsyncEngine:
     """Create an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` configured as admission needs it.
 
     The same engine as :func:`create_admission_engine` (the same URL checks
-    and errors, ``schema``, SQLite pragmas, ``BEGIN IMMEDIATE`` for
+    and errors, ``schema``, ``pooler``, SQLite pragmas, ``BEGIN IMMEDIATE`` for
     admission's writes, the SQLite file guard), on the database's asyncio
     driver (:func:`async_url`): aiosqlite or psycopg's ``AsyncConnection``.
     Its ``sync_engine`` is what admission's stores run on, inside
     :func:`admission.aio.run_sync` (``docs/async.md``).  Needs
     ``admission[asyncio]``.
     """
-    engine = _admission_engine(async_url(url), schema, kwargs)
+    engine = _admission_engine(async_url(url), schema, kwargs, pooler)
     assert isinstance(engine, AsyncEngine)  # async_url named an asyncio driver
     return engine
 
 
-def create_awaited_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> Engine:
+def create_awaited_engine(
+    url: str, *, schema: str | None = None, pooler: str | None = None, **kwargs: Any
+) -> Engine:
     """The engine admission's async stores run on, inside :func:`admission.aio.run_sync` (``docs/async.md``).
 
     SQLite (``sqlite://``): the standard ``sqlite3`` driver on the event
@@ -220,16 +238,21 @@ def create_awaited_engine(url: str, *, schema: str | None = None, **kwargs: Any)
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
     if parsed.get_backend_name() == "sqlite" and not _is_async(url):
-        return create_admission_engine(url, schema=schema, lock_wait="awaited", **kwargs)
-    return create_async_admission_engine(url, schema=schema, **kwargs).sync_engine
+        return create_admission_engine(url, schema=schema, lock_wait="awaited", pooler=pooler, **kwargs)
+    return create_async_admission_engine(url, schema=schema, pooler=pooler, **kwargs).sync_engine
 
 
-def _admission_engine(url: str, schema: str | None, kwargs: dict[str, Any]) -> Engine | AsyncEngine:
+def _admission_engine(
+    url: str, schema: str | None, kwargs: dict[str, Any], pooler: str | None = None
+) -> Engine | AsyncEngine:
     try:
         parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
         # SQLAlchemy's messages here name the part it could not use, never the password.
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+    if pooler is not None or POOLER_PARAMETER in parsed.query:
+        parsed = apply_pooler(parsed, pooler, schema, kwargs)
+        url = parsed.render_as_string(hide_password=False)
     if schema is not None:
         _check_schema(schema, parsed)
         connect_args = dict(kwargs.pop("connect_args", {}))
@@ -491,4 +514,12 @@ def _translated(error: BaseException, dbapi: Any, refusals: Refusals | None) -> 
         return StorageError(f"the database refused a write ({name})", constraint=name)
     if isinstance(error, dbapi.OperationalError):
         return StorageError(f"the database is unavailable or busy: {error}")
+    if getattr(error, "sqlstate", None) in _PREPARED_ELSEWHERE:
+        return StorageError(f"the database refused an operation: {error}; {POOLER_HINT}")
     return StorageError(f"the database refused an operation: {error}")
+
+
+_PREPARED_ELSEWHERE: Final = ("26000", "42P05")
+"""A prepared statement missing (``invalid_sql_statement_name``) or already there
+(``duplicate_prepared_statement``) on the server session: what a pooler in transaction mode
+does to the driver's prepared statements when admission was not told of it."""

@@ -54,6 +54,7 @@ from admission.sql._engine import (
 )
 from admission.sql._event_log import read_after
 from admission.sql._greenlet import wait
+from admission.sql._pooler import pooler_of
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND,
@@ -287,6 +288,10 @@ class SqlStore:
     def __init__(self, engine: Engine, *, check: bool = True) -> None:
         self.engine = engine
         self.postgres = is_postgresql(engine.dialect)
+        # Prepared statements are planned anew now and then (REPLAN_AFTER); behind a
+        # transaction pooler none are prepared, and DEALLOCATE ALL would reach whichever
+        # server session the transaction was lent (admission/sql/_pooler.py).
+        self._replan = self.postgres and pooler_of(engine) is None
         self._raw = ReceiptStatements(engine.dialect)
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
@@ -361,7 +366,7 @@ class SqlStore:
         params = {"namespace": namespace, "workflow_id": workflow_id}
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
-        if self.postgres:
+        if self._replan:
             info = conn.connection.info
             info[USES] = uses = info.get(USES, 0) + 1
             if replan_due(uses):

@@ -44,6 +44,7 @@ from admission.sql import (
     workflow_instances,
     workflow_updates,
 )
+from tests.support.backends import PostgresPool
 from tests.support.processes import WAIT, running
 
 CTX = multiprocessing.get_context("spawn")
@@ -258,9 +259,10 @@ def sql_store(db_url: str) -> Iterator[SqlStore]:
 
 
 @pytest.fixture
-def observer(db_url: str) -> Iterator[Engine]:
-    """A plain engine for looking at the rows; on SQLite its reads take no lock (admission's writes do)."""
-    engine = create_engine(normalize_url(db_url))
+def observer(db_url: str, postgres_pool: PostgresPool) -> Iterator[Engine]:
+    """A plain engine for looking at the rows; on SQLite its reads take no lock (admission's writes do).
+    On PostgreSQL it reads the server itself, also when the test's URL goes through PgBouncer."""
+    engine = create_engine(normalize_url(postgres_pool.direct(db_url)))
     yield engine
     engine.dispose()
 
