@@ -100,6 +100,15 @@ def _storable(value: object, width: int) -> bool:
     return bounds.text_fault(value, width) is None
 
 
+def _retry_time(row: JobRow, now: datetime, backoff: Backoff, draw: float) -> datetime:
+    """When a job whose attempt ``row.attempts`` just failed may be claimed again: the job's own
+    backoff, else the service's ``backoff``, with the service's random ``draw``."""
+    if not (isinstance(draw, float) and 0 <= draw < 1):
+        raise InvalidJobError(f"must draw a float in [0, 1), drew {draw!r}", field="rng", job_id=row.job_id)
+    policy = job_backoff(row.content) or backoff
+    return now + timedelta(seconds=policy.delay(row.attempts, draw))
+
+
 def _refused(job_id: str, event: str, why: str) -> JobStateError:
     return JobStateError(f"job {job_id!r} {why}", job_id=job_id, state="running", event=event)
 
@@ -363,20 +372,11 @@ class JobService:
             else:
                 event, reason = restart_refusal(row) or ("retryable_failure", "retryable_failure")
             end_attempt(tx, lease.attempt_id, reason, diagnostic, now)
-            not_before = self._retry_time(row, now) if event == "retryable_failure" else None
+            retry = event == "retryable_failure"
+            not_before = _retry_time(row, now, self.backoff, self.rng()) if retry else None
             changes = replace(row, diagnostic=diagnostic, not_before=not_before)
             row = transition(tx, row, event, reason, now, detail=diagnostic, changes=changes)
             return row.view(tx.dependencies(lease.job_id))
-
-    def _retry_time(self, row: JobRow, now: datetime) -> datetime:
-        """When a job whose attempt ``row.attempts`` just failed may be claimed again."""
-        draw = self.rng()
-        if not (isinstance(draw, float) and 0 <= draw < 1):
-            raise InvalidJobError(
-                f"must draw a float in [0, 1), drew {draw!r}", field="rng", job_id=row.job_id
-            )
-        policy = job_backoff(row.content) or self.backoff
-        return now + timedelta(seconds=policy.delay(row.attempts, draw))
 
     def cancel_running(self, lease: JobLease) -> JobView:
         """The owner saw a cancel request at a step boundary and stops: the job is ``cancelled``."""

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from admission.intent import canonical_encode
-from admission.jobs import Job
+from admission.jobs import Backoff, Job
 from admission.testing import MemoryPublisher
 from tests.support.jobkit import ManualClock, expire, open_jobs
 
@@ -69,4 +70,19 @@ def test_resolve_settles_only_a_recovery_required_job_and_an_unknown_job_is_refu
     assert store.events("j")[-1].detail == "ops: wrong result on target"
     unknown = cli(db_url, "status", "ghost")
     assert unknown.returncode == 2 and "no job 'ghost'" in unknown.stderr
+    store.dispose()
+
+
+def test_status_shows_when_a_job_in_backoff_may_be_claimed_again(db_url: str) -> None:
+    store = open_jobs(db_url, backoff=Backoff(base=3600.0, jitter=0.0))
+    store.enqueue(Job("r", "tenant", "count", {"steps": 1}))
+    lease = store.claim("r").lease
+    assert lease is not None
+    store.fail(lease, "transient", retryable=True)
+    view = store.status("r")
+    assert view.state == "retry_wait" and view.not_before is not None
+    shown = json.loads(cli(db_url, "status", "r").stdout)
+    assert (shown["state"], shown["not_before"]) == ("retry_wait", view.not_before.isoformat())
+    assert datetime.fromisoformat(shown["not_before"]) == view.not_before
+    assert json.loads(cli(db_url, "cancel", "r").stdout)["not_before"] is None
     store.dispose()
