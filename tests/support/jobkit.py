@@ -54,6 +54,10 @@ class WallClock:
     def set(self, moment: datetime) -> None:
         self.now = moment
 
+    def at(self, seconds: float) -> datetime:
+        """The time ``seconds`` from now on this clock."""
+        return self.now + timedelta(seconds=seconds)
+
 
 class JobStores:
     """Handles on one fresh job store of ``backend``; :meth:`close` disposes of them all.
