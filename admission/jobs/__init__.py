@@ -3,9 +3,10 @@
 ``JobService`` runs the job lifecycle on any ``JobStore`` (the port):
 ``MemoryJobStore`` here, ``admission.sql.SqlJobStore`` on SQLite or
 PostgreSQL; ``JobRunner`` executes jobs step by step and publishes their
-results through a ``Publisher``.
+results through a ``Publisher``; a retried job waits a ``Backoff`` first.
 """
 
+from admission.jobs._backoff import DEFAULT_BACKOFF, MAX_BACKOFF_SECONDS, NO_BACKOFF, Backoff
 from admission.jobs._memory import MemoryJobStore
 from admission.jobs._runner import Continue, Finish, JobRunner, RunReport, StepHandler
 from admission.jobs._service import JobService
@@ -45,16 +46,20 @@ from admission.jobs._values import (
 )
 
 __all__ = [
+    "DEFAULT_BACKOFF",
     "DEFAULT_LEASE_SECONDS",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_WAITING",
     "FINAL_JOB_STATES",
     "JOB_TRANSITIONS",
+    "MAX_BACKOFF_SECONDS",
     "MAX_DIAGNOSTIC_BYTES",
     "MAX_ID_LENGTH",
     "MAX_PAYLOAD_BYTES",
+    "NO_BACKOFF",
     "UNFINISHED_JOB_STATES",
     "WAITING_JOB_STATES",
+    "Backoff",
     "Checkpoint",
     "ClaimResult",
     "Continue",

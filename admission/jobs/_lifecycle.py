@@ -57,7 +57,8 @@ def transition(
 
     ``changes`` is ``row`` with the other fields this change sets (a claim's
     new fence, a failure's diagnostic); the state, reason and time are set
-    here, and a job that leaves ``running`` loses its owner.
+    here, a job that leaves ``running`` loses its owner, and one that leaves
+    ``retry_wait`` its ``not_before``.
     """
     state = JOB_TRANSITIONS.next_state(row.state, event, subject=row.job_id).value
     base = changes or row
@@ -67,6 +68,7 @@ def transition(
         reason=reason,
         updated_at=now,
         owner=base.owner if state == JobState.RUNNING else None,
+        not_before=base.not_before if state == JobState.RETRY_WAIT else None,
     )
     tx.save_job(saved)
     record_event(

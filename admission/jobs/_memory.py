@@ -94,7 +94,8 @@ class _MemoryTransaction:
     def lock_scope(self, scope: str, *, created_at: datetime) -> None:
         self._t.scopes.setdefault(scope, 0)
 
-    def lock_job(self, job_id: str) -> JobRow | None:
+    def lock_job(self, job_id: str, *, skip_locked: bool = False) -> JobRow | None:
+        # The store's one lock is held for the whole transaction: no other one holds the job.
         return self._t.jobs.get(job_id)
 
     def find_jobs(self, job_ids: Collection[str]) -> list[JobRow]:
@@ -241,13 +242,17 @@ class MemoryJobStore:
                     found[row.state] = found.get(row.state, 0) + 1
         return found
 
-    def claim_candidates(self, scope: str, limit: int) -> list[str]:
-        """Unpaused claimable jobs of ``scope``: waiting ones first, each group in queue order."""
+    def claim_candidates(self, scope: str, limit: int, *, now: datetime) -> list[str]:
+        """Unpaused claimable jobs of ``scope`` not in backoff at ``now``: waiting ones first,
+        each group in queue order."""
         with self._lock:
             rows = [
                 r
                 for r in self._tables.jobs.values()
-                if r.scope == scope and r.state in _CLAIMABLE and not r.paused
+                if r.scope == scope
+                and r.state in _CLAIMABLE
+                and not r.paused
+                and (r.not_before is None or r.not_before <= now)
             ]
         rows.sort(key=lambda r: (r.state == "running", r.position))
         return [r.job_id for r in rows[:limit]]

@@ -36,12 +36,13 @@ tests drive them.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
 
 from admission import _bounds as bounds
@@ -52,6 +53,7 @@ from admission.errors import (
     UnknownJobError,
 )
 from admission.intent._encoding import Value, canonical_encode
+from admission.jobs._backoff import DEFAULT_BACKOFF, Backoff
 from admission.jobs._claims import LeaseWatch, restart_refusal, start_attempt
 from admission.jobs._enqueue import enqueue_batch
 from admission.jobs._lifecycle import end_attempt, fenced, record_event, transition
@@ -81,6 +83,7 @@ from admission.jobs._values import (
     bounded_diagnostic,
     check_diagnostic,
     check_text,
+    job_backoff,
 )
 
 __all__ = ["JobService"]
@@ -97,6 +100,15 @@ def _storable(value: object, width: int) -> bool:
     return bounds.text_fault(value, width) is None
 
 
+def _retry_time(row: JobRow, now: datetime, backoff: Backoff, draw: float) -> datetime:
+    """When a job whose attempt ``row.attempts`` just failed may be claimed again: the job's own
+    backoff, else the service's ``backoff``, with the service's random ``draw``."""
+    if not (isinstance(draw, float) and 0 <= draw < 1):
+        raise InvalidJobError(f"must draw a float in [0, 1), drew {draw!r}", field="rng", job_id=row.job_id)
+    policy = job_backoff(row.content) or backoff
+    return now + timedelta(seconds=policy.delay(row.attempts, draw))
+
+
 def _refused(job_id: str, event: str, why: str) -> JobStateError:
     return JobStateError(f"job {job_id!r} {why}", job_id=job_id, state="running", event=event)
 
@@ -110,6 +122,12 @@ class JobService:
     drive them.  The service keeps its own observations of running jobs
     (``admission.jobs._claims``): two services on one store judge expiry each
     on its own clock.
+
+    ``backoff`` is the wait before a retry of a job that sets none itself
+    (:class:`~admission.jobs.Backoff`; default :data:`~admission.jobs.DEFAULT_BACKOFF`),
+    ``rng`` the uniform draw in ``[0, 1)`` its jitter takes.  The wait ends at
+    a wall-clock time (``not_before``, from ``now``): it is shared by every
+    process, and it decides when a job may run again, never whether an owner lives.
     """
 
     def __init__(
@@ -122,11 +140,17 @@ class JobService:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         max_waiting: int = DEFAULT_MAX_WAITING,
         owner: str | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        rng: Callable[[], float] = random.random,
     ) -> None:
         if not lease_seconds > 0:
             raise InvalidJobError(f"must be positive, got {lease_seconds!r}", field="lease_seconds")
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise InvalidJobError(f"must be a positive int, got {max_waiting!r}", field="max_waiting")
+        if not isinstance(backoff, Backoff):
+            raise InvalidJobError(f"must be a Backoff, got {type(backoff).__name__}", field="backoff")
+        self.backoff = backoff.check()
+        self.rng = rng
         self.store = store
         self.clock = clock
         self.now = now
@@ -186,10 +210,19 @@ class JobService:
         result was recorded returns a lease that recovers instead of executing.
         """
         check_text(job_id, "job_id", MAX_ID_LENGTH, None)
+        answer = self._claim(job_id, skip_locked=False)
+        assert answer is not None  # only a skipping claim answers nothing
+        return answer
+
+    def _claim(self, job_id: str, *, skip_locked: bool) -> ClaimResult | None:
         started = self.clock()
         with self.store.transaction() as tx:
             now = self.now()
-            row = self._locked(tx, job_id)
+            row = tx.lock_job(job_id, skip_locked=skip_locked)
+            if row is None:
+                if skip_locked:
+                    return None  # another transaction holds it (a claimer): take the next one
+                raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
             state = row.state
             if state in FINAL_JOB_STATES:
                 return ClaimResult("final", job_id, state, row.reason)
@@ -197,6 +230,8 @@ class JobService:
                 return ClaimResult("not_claimable", job_id, state, state)
             if row.paused:
                 return ClaimResult("not_claimable", job_id, state, "paused")
+            if row.not_before is not None and now < row.not_before:
+                return ClaimResult("not_claimable", job_id, state, "backoff")
             if state == JobState.RUNNING:
                 if not self._watch.expired(row, started, self.lease_seconds):
                     return ClaimResult("not_claimable", job_id, state, "lease_live")
@@ -224,10 +259,15 @@ class JobService:
             )
 
     def claim_next(self, scope: str) -> ClaimResult | None:
-        """Claim the oldest claimable job of ``scope`` (queued, retrying, or expired), or ``None``."""
-        for job_id in self.store.claim_candidates(scope, _CLAIM_SCAN):
-            answer = self.claim(job_id)
-            if answer.outcome == "claimed":
+        """Claim the oldest claimable job of ``scope`` (queued, retrying, or expired), or ``None``.
+
+        Like a queue: a job another transaction holds (a concurrent claimer's) is
+        skipped, never waited for (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), and
+        so is a job whose retry backoff has not ended.
+        """
+        for job_id in self.store.claim_candidates(scope, _CLAIM_SCAN, now=self.now()):
+            answer = self._claim(job_id, skip_locked=True)
+            if answer is not None and answer.outcome == "claimed":
                 return answer
         return None
 
@@ -314,7 +354,8 @@ class JobService:
     def fail(self, lease: JobLease, diagnostic: str | None, *, retryable: bool) -> JobView:
         """End the attempt as failed.
 
-        Retryable: ``retry_wait`` while attempts remain, else ``failed``
+        Retryable: ``retry_wait`` while attempts remain, not to be claimed before
+        ``not_before`` (now plus the job's backoff, or the service's), else ``failed``
         (``attempts_exhausted``); ``cancelled`` instead when a stop or cancel
         was requested meanwhile.  Not retryable: ``failed``.  A diagnostic
         over 2 KiB is refused (nothing is written); see :func:`bounded_diagnostic`.
@@ -331,7 +372,9 @@ class JobService:
             else:
                 event, reason = restart_refusal(row) or ("retryable_failure", "retryable_failure")
             end_attempt(tx, lease.attempt_id, reason, diagnostic, now)
-            changes = replace(row, diagnostic=diagnostic)
+            retry = event == "retryable_failure"
+            not_before = _retry_time(row, now, self.backoff, self.rng()) if retry else None
+            changes = replace(row, diagnostic=diagnostic, not_before=not_before)
             row = transition(tx, row, event, reason, now, detail=diagnostic, changes=changes)
             return row.view(tx.dependencies(lease.job_id))
 

@@ -76,6 +76,8 @@ class JobRow:
     diagnostic: str | None
     created_at: datetime
     updated_at: datetime
+    not_before: datetime | None = None
+    """Set while the job waits out a retry's backoff (``retry_wait``): no claim before this time."""
 
     FIXED: ClassVar[frozenset[str]] = frozenset(
         {"job_id", "scope", "position", "kind", "payload", "content", "max_attempts", "created_at"}
@@ -99,6 +101,7 @@ class JobRow:
             checkpoint_step=self.checkpoint_step,
             diagnostic=self.diagnostic,
             depends_on=tuple(sorted(depends_on)),
+            not_before=self.not_before,
         )
 
 
@@ -112,8 +115,13 @@ class JobTransaction(Protocol):
         """
         ...
 
-    def lock_job(self, job_id: str) -> JobRow | None:
-        """The job, held until the end of the transaction; ``None`` if there is no such job."""
+    def lock_job(self, job_id: str, *, skip_locked: bool = False) -> JobRow | None:
+        """The job, held until the end of the transaction; ``None`` if there is no such job.
+
+        ``skip_locked``: never wait for another transaction that holds the job; answer
+        ``None`` instead (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  Claimers of a queue
+        use it, so that none waits on a job another one is claiming.
+        """
         ...
 
     def find_jobs(self, job_ids: Collection[str]) -> list[JobRow]:
@@ -215,10 +223,10 @@ class JobStore(Protocol):
         """How many jobs are in each state (of one scope, or of all); states without jobs are absent."""
         ...
 
-    def claim_candidates(self, scope: str, limit: int) -> list[str]:
-        """Up to ``limit`` ids of ``scope``'s unpaused ``queued``, ``retry_wait`` and ``running`` jobs:
-        the waiting ones first, each group in queue order (a scan full of live leases must not
-        hide a waiting job)."""
+    def claim_candidates(self, scope: str, limit: int, *, now: datetime) -> list[str]:
+        """Up to ``limit`` ids of ``scope``'s unpaused ``queued``, ``retry_wait`` and ``running`` jobs
+        whose ``not_before`` is unset or not after ``now``: the waiting ones first, each group in
+        queue order (a scan full of live leases must not hide a waiting job)."""
         ...
 
     def dispose(self) -> None:

@@ -18,7 +18,8 @@ from typing import Final, Literal, Protocol
 
 from admission import _bounds as bounds
 from admission.errors import AdmissionError, InvalidJobError
-from admission.intent._encoding import Value, canonical_encode
+from admission.intent._encoding import Value, canonical_decode, canonical_encode
+from admission.jobs._backoff import Backoff
 from admission.jobs._states import PublishedResult
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "bounded_diagnostic",
     "check_diagnostic",
     "check_text",
+    "job_backoff",
     "validate_job",
 ]
 
@@ -76,6 +78,8 @@ class Job:
     payload: Value = None
     depends_on: tuple[str, ...] = ()
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff: Backoff | None = None
+    """The wait before each retry of this job; ``None``: the service's (``JobService(backoff=...)``)."""
 
 
 @dataclass(frozen=True)
@@ -111,10 +115,13 @@ class JobView:
     checkpoint_step: int
     diagnostic: str | None
     depends_on: tuple[str, ...]
+    not_before: datetime | None = None
+    """While the job waits out a retry's backoff: it is not claimed before this time."""
 
     def to_dict(self) -> dict[str, object]:
-        """Plain JSON-ready data."""
-        return {**vars(self), "depends_on": list(self.depends_on)}
+        """Plain JSON-ready data (``not_before`` in ISO 8601, or null)."""
+        not_before = None if self.not_before is None else self.not_before.isoformat()
+        return {**vars(self), "depends_on": list(self.depends_on), "not_before": not_before}
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,7 @@ class ClaimResult:
     ``claimed``: ``lease`` is yours.  ``final``: the job is (now) completed,
     failed or cancelled; a duplicate delivery is acknowledged, nothing runs.
     ``not_claimable``: ``reason`` says why (``blocked``, ``paused``,
-    ``lease_live``, ``recovery_required``).
+    ``lease_live``, ``recovery_required``, ``backoff``: a retry's wait has not ended).
     """
 
     outcome: Literal["claimed", "final", "not_claimable"]
@@ -249,6 +256,10 @@ def validate_job(job: Job) -> bytes:
     if job_id in job.depends_on:
         # The smallest cycle (contract §4): refused before anything else is looked up.
         raise InvalidJobError(f"cycle {job_id} -> {job_id}", field="depends_on", job_id=job_id)
+    if job.backoff is not None and not isinstance(job.backoff, Backoff):
+        raise InvalidJobError("must be a Backoff or None", field="backoff", job_id=job_id)
+    if job.backoff is not None:
+        job.backoff.check(job_id)
     try:
         canonical_encode(job.payload, max_size=MAX_PAYLOAD_BYTES)
     except AdmissionError as exc:
@@ -260,7 +271,17 @@ def validate_job(job: Job) -> bytes:
         "depends_on": list[Value](sorted(job.depends_on)),
         "max_attempts": job.max_attempts,
     }
+    if job.backoff is not None:
+        # Only when set: the content of a job without one is what it was before backoffs existed.
+        content["backoff"] = job.backoff.to_value()
     return canonical_encode(content, max_size=2 * MAX_PAYLOAD_BYTES)
+
+
+def job_backoff(content: bytes) -> Backoff | None:
+    """The backoff a job set for itself, read from its stored canonical content; ``None``: unset."""
+    decoded = canonical_decode(content)
+    stored = decoded.get("backoff") if isinstance(decoded, dict) else None
+    return None if not isinstance(stored, dict) else Backoff.from_value(stored)
 
 
 def check_diagnostic(diagnostic: str | None, job_id: str) -> None:

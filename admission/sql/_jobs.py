@@ -1,8 +1,9 @@
 """The job store on SQLite (the embedded default) and PostgreSQL (worker contract §3, §4).
 
 Implements :class:`~admission.jobs.JobStore` on the ``worker_job*`` tables
-(revision ``0004``).  Every job transaction is a write transaction: on
-PostgreSQL a job is held with ``SELECT ... FOR UPDATE`` (its blocked
+(revisions ``0004`` and ``0005``).  Every job transaction is a write transaction: on
+PostgreSQL a job is held with ``SELECT ... FOR UPDATE`` (a claimer's with
+``FOR UPDATE SKIP LOCKED``, so that claimers never wait on each other; its blocked
 dependents with ``FOR UPDATE OF worker_jobs``, a scope with ``FOR UPDATE`` on
 its ``worker_job_scopes`` row, an enqueue's existing dependencies with ``FOR
 SHARE``, in id order); on SQLite the transaction begins ``BEGIN IMMEDIATE``
@@ -27,7 +28,7 @@ from dataclasses import fields
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Engine, bindparam, case, func, insert, select, update
+from sqlalchemy import Engine, bindparam, case, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
 from admission.errors import StorageError
@@ -87,6 +88,11 @@ _NEXT_POSITION: Final = (
 )
 # FOR UPDATE on PostgreSQL; SQLite renders nothing, its write transaction already excludes.
 _LOCK_JOB: Final = select(worker_jobs).where(_JOBS.job_id == bindparam("b_job_id")).with_for_update()
+# A claimer's lock: a row another transaction holds is skipped, not waited for (PostgreSQL's
+# FOR UPDATE SKIP LOCKED; SQLite renders nothing and its write transaction already excludes).
+_LOCK_JOB_OR_SKIP: Final = (
+    select(worker_jobs).where(_JOBS.job_id == bindparam("b_job_id")).with_for_update(skip_locked=True)
+)
 _READ_JOB: Final = select(worker_jobs).where(_JOBS.job_id == bindparam("b_job_id"))
 _FIND_JOBS: Final = select(worker_jobs).where(_JOBS.job_id.in_(bindparam("b_job_ids", expanding=True)))
 # FOR SHARE (PostgreSQL; SQLite's write lock already serialises), in id order,
@@ -156,6 +162,8 @@ _CLAIM_CANDIDATES: Final = (
         _JOBS.scope == bindparam("b_scope"),
         _JOBS.state.in_(["queued", "retry_wait", "running"]),
         _JOBS.paused.is_(False),
+        # A retry's backoff: the service's time, not the server's, so every store judges alike.
+        or_(_JOBS.not_before.is_(None), _JOBS.not_before <= bindparam("b_now")),
     )
     # Waiting jobs first: running ones are claimable only once their
     # lease lapsed, and a scan full of live ones must not hide the rest.
@@ -190,6 +198,7 @@ def _job_row(row: RowMapping) -> JobRow:
         diagnostic=row["diagnostic"],
         created_at=as_utc(row["created_at"]),
         updated_at=as_utc(row["updated_at"]),
+        not_before=None if row["not_before"] is None else as_utc(row["not_before"]),
     )
 
 
@@ -208,8 +217,9 @@ class _SqlJobTransaction:
         insert_or_ignore(self._conn, worker_job_scopes, values, ["scope"])
         self._conn.execute(_LOCK_SCOPE, {"b_scope": scope})
 
-    def lock_job(self, job_id: str) -> JobRow | None:
-        row = self._conn.execute(_LOCK_JOB, {"b_job_id": job_id}).mappings().first()
+    def lock_job(self, job_id: str, *, skip_locked: bool = False) -> JobRow | None:
+        statement = _LOCK_JOB_OR_SKIP if skip_locked else _LOCK_JOB
+        row = self._conn.execute(statement, {"b_job_id": job_id}).mappings().first()
         return None if row is None else _job_row(row)
 
     def find_jobs(self, job_ids: Collection[str]) -> list[JobRow]:
@@ -400,8 +410,10 @@ class SqlJobStore:
             rows = conn.execute(_COUNTS) if scope is None else conn.execute(_COUNTS_OF, {"b_scope": scope})
             return {str(state): int(n) for state, n in rows}
 
-    def claim_candidates(self, scope: str, limit: int) -> list[str]:
-        """Unpaused claimable jobs of ``scope``: waiting ones first, each group in queue order."""
+    def claim_candidates(self, scope: str, limit: int, *, now: datetime) -> list[str]:
+        """Unpaused claimable jobs of ``scope`` not in backoff at ``now``: waiting ones first,
+        each group in queue order."""
+        params = {"b_scope": scope, "b_limit": limit, "b_now": now}
         with self._read() as conn:
-            rows = conn.execute(_CLAIM_CANDIDATES, {"b_scope": scope, "b_limit": limit}).scalars()
+            rows = conn.execute(_CLAIM_CANDIDATES, params).scalars()
             return [str(job_id) for job_id in rows]

@@ -1,6 +1,6 @@
 """Where admission keeps its schema revision, and the check every store makes.
 
-admission's alembic revisions are ``admission_0001`` to ``admission_0004``
+admission's alembic revisions are ``admission_0001`` to ``admission_0005``
 under the branch label ``admission``, stamped in a version table of its own,
 ``admission_alembic_version``: a host engine that runs its own alembic on the
 same database keeps its ``alembic_version`` to itself (docs/upgrading.md).
@@ -61,7 +61,13 @@ __all__ = [
 BRANCH_LABEL: Final = "admission"
 """The alembic branch label every admission revision carries."""
 
-KNOWN_REVISIONS: Final = ("admission_0001", "admission_0002", "admission_0003", "admission_0004")
+KNOWN_REVISIONS: Final = (
+    "admission_0001",
+    "admission_0002",
+    "admission_0003",
+    "admission_0004",
+    "admission_0005",
+)
 """Every revision admission has shipped, oldest first."""
 
 HEAD_REVISION: Final = KNOWN_REVISIONS[-1]
@@ -73,8 +79,11 @@ VERSION_TABLE: Final = "admission_alembic_version"
 HOST_VERSION_TABLE: Final = "alembic_version"
 """alembic's default version table: a host's, or a legacy admission stamp."""
 
-LEGACY_REVISIONS: Final = {name.removeprefix("admission_"): name for name in KNOWN_REVISIONS}
-"""The ids earlier builds stamped in ``alembic_version``, and what each is now."""
+_SHORT_IDS: Final = {name.removeprefix("admission_"): name for name in KNOWN_REVISIONS}
+
+LEGACY_REVISIONS: Final = {short: _SHORT_IDS[short] for short in ("0001", "0002", "0003", "0004")}
+"""The ids earlier builds stamped in ``alembic_version``, and what each is now (those builds
+ended at ``0004``: no build ever stamped a later short id there)."""
 
 ADOPT_COMMAND: Final = "admission db upgrade --adopt --db URL"
 """The command that adopts admission's tables left without a stamp."""
@@ -265,4 +274,4 @@ def revision_id(name: str) -> str:
     """
     if not isinstance(name, str) or not name:
         raise InputError("expected a revision id such as 0004 or admission_0004, or head", field="revision")
-    return LEGACY_REVISIONS.get(name, name)
+    return _SHORT_IDS.get(name, name)

@@ -9,7 +9,7 @@ databases have), ``0002`` (the intent columns, DDL only), ``0003`` (the
 durable worker's tables and the outbox cursors, plus the fencing trigger on
 ``worker_records`` that refuses a write carrying a stale lease token) and
 ``0004`` (the durable job tables ``worker_job*``, worker contract §4;
-docs/jobs.md).  This module
+docs/jobs.md) and ``0005`` (``worker_jobs.not_before``, a retry's backoff).  This module
 declares the head; a test proves ``upgrade head`` produces exactly it.
 
 Values stored as bytes (arguments, results, contexts, event payloads) are in
@@ -299,6 +299,8 @@ worker_jobs = Table(
     Column("diagnostic", String(bounds.TEXT), nullable=True),
     Column("created_at", _Time, nullable=False),
     Column("updated_at", _Time, nullable=False),
+    # Revision 0005: while in retry_wait, no claim before this time (the retry's backoff).
+    Column("not_before", _Time, nullable=True),
     UniqueConstraint("scope", "position"),
     Index(None, "scope", "state"),
 )

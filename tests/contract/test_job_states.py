@@ -25,6 +25,7 @@ from admission.jobs import (
     JOB_TRANSITIONS,
     UNFINISHED_JOB_STATES,
     WAITING_JOB_STATES,
+    Backoff,
     Job,
     JobLease,
     JobService,
@@ -32,7 +33,7 @@ from admission.jobs import (
 )
 from admission.testing import MemoryPublisher
 from tests.conftest import SUMMARY_LINES
-from tests.support.jobkit import LEASE, JobStores, ManualClock, jobs_on
+from tests.support.jobkit import LEASE, JobStores, ManualClock, WallClock, jobs_on
 
 # -- the store against a reference model of the table -----------------------------------------------------
 
@@ -40,6 +41,8 @@ RESULT = canonical_encode({"done": True})
 WHICH = st.sampled_from([-1, -1, -1, -2, 0])
 """Which lease of a job a write uses: mostly the newest, sometimes a stale one."""
 STEPS: dict[str, int] = {}
+BACKOFF = Backoff(base=LEASE / 2, factor=2.0, cap=LEASE, jitter=0.0)
+"""A retry waits half a lease, then a lease: the steps of ``time_passes`` end it, or not yet."""
 
 
 @dataclass
@@ -57,6 +60,7 @@ class ModelJob:
     result_attempt: str | None = None
     seen: tuple[tuple[int, int], float] | None = None
     published: list[tuple[str, bytes]] = field(default_factory=list)
+    not_before: float | None = None
 
 
 class Model:
@@ -71,6 +75,8 @@ class Model:
     def to(self, job_id: str, event: str) -> None:
         job = self.jobs[job_id]
         job.state = JOB_TRANSITIONS[(job.state, event)]
+        if job.state != "retry_wait":
+            job.not_before = None
         if job.state == "completed":
             for other_id, other in sorted(self.jobs.items()):
                 ready = all(self.jobs[d].state == "completed" for d in other.deps)
@@ -98,6 +104,8 @@ class Model:
             return "not_claimable", job.state
         if job.paused:
             return "not_claimable", "paused"
+        if job.not_before is not None and self.now < job.not_before:
+            return "not_claimable", "backoff"
         event = "claim"
         if job.state == "running":
             pair = (job.fence, job.beat)
@@ -146,8 +154,10 @@ class JobMachine(RuleBasedStateMachine):
 
     store: JobService
     clock: ManualClock
+    wall: WallClock
     counter = itertools.count()
     steps = 0
+    backoffs = 0
     enqueued: ClassVar[list[str]] = []
 
     def __init__(self) -> None:
@@ -203,6 +213,7 @@ class JobMachine(RuleBasedStateMachine):
     def claim(self, job_id: str) -> None:
         expected = self.model.claim(job_id)
         answer = self.store.claim(job_id)
+        JobMachine.backoffs += answer.reason == "backoff"
         assert (
             answer.outcome,
             answer.state if answer.outcome != "not_claimable" else answer.reason,
@@ -224,6 +235,7 @@ class JobMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([LEASE / 2, LEASE]))
     def time_passes(self, seconds: float) -> None:
         self.clock.advance(seconds)
+        self.wall.advance(seconds)
         self.model.now += seconds
 
     def _lease(self, job_id: str, which: int) -> JobLease | None:
@@ -274,6 +286,7 @@ class JobMachine(RuleBasedStateMachine):
                 self.model.to(job_id, "stopped_before_restart")
             elif job.attempts < job.max_attempts:
                 self.model.to(job_id, "retryable_failure")
+                job.not_before = self.model.now + BACKOFF.ceiling(job.attempts)
             else:
                 self.model.to(job_id, "attempts_exhausted")
             return False
@@ -380,12 +393,15 @@ class JobMachine(RuleBasedStateMachine):
             got = (view.state, view.fence, view.attempts, view.paused, view.checkpoint_step)
             assert got == (job.state, job.fence, job.attempts, job.paused, job.step), job_id
             assert (view.cancel_requested, view.stop_requested) == (job.cancel, job.stop), job_id
+            wall = None if job.not_before is None else self.wall.at(job.not_before - self.model.now)
+            assert view.not_before == wall, job_id
 
 
 def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> None:
-    clock = ManualClock()
-    store = jobs_on(job_stores.open(), clock, max_waiting=4)
+    clock, wall = ManualClock(), WallClock()
+    store = jobs_on(job_stores.open(), clock, max_waiting=4, now=wall, backoff=BACKOFF)
     JobMachine.store, JobMachine.clock, JobMachine.steps, JobMachine.enqueued = store, clock, 0, []
+    JobMachine.wall, JobMachine.backoffs = wall, 0
     run_state_machine_as_test(
         # Derandomised on every machine: the corners asserted below are
         # reached by this draw, while a random 20 programs can miss one.
@@ -398,9 +414,11 @@ def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> Non
         for event in store.events(job_id):
             seen[event.event] = seen.get(event.event, 0) + 1
     SUMMARY_LINES.append(
-        f"job model state machine on {job_stores.backend}: {JobMachine.steps} steps checked; events "
+        f"job model state machine on {job_stores.backend}: {JobMachine.steps} steps checked, "
+        f"{JobMachine.backoffs} claims refused for a backoff; events "
         + ", ".join(f"{event} {n}" for event, n in sorted(seen.items()))
     )
     # The run reached the interesting corners of the table, not only the easy ones.
     for event in ("reclaim", "recovered_after_publish", "inconsistent_publication", "retryable_failure"):
         assert seen.get(event, 0) > 0, (event, seen)
+    assert JobMachine.backoffs > 0

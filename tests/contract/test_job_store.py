@@ -125,12 +125,20 @@ def insert(store: JobStore, *rows: JobRow, depends_on: tuple[str, ...] = ()) -> 
 
 
 def test_a_row_crosses_the_port_as_the_frozen_value_it_was_written_as(store: JobStore) -> None:
-    written = row(publish_result=b"\x00result", publish_attempt_id="a1", diagnostic="d", paused=True)
+    written = row(
+        publish_result=b"\x00result",
+        publish_attempt_id="a1",
+        diagnostic="d",
+        paused=True,
+        state="retry_wait",
+        not_before=T0 + timedelta(seconds=1.5, microseconds=7),
+    )
     insert(store, written)
     with store.transaction() as tx:
         read = tx.lock_job("p1")
         assert tx.find_jobs(["p1", "ghost"]) == [read]
         assert tx.lock_job("ghost") is None
+        assert tx.lock_job("p1", skip_locked=True) == read  # its own lock is no other's
     assert type(read) is JobRow and read == replace(written, position=1)
     assert read.created_at.tzinfo is not None
     view = store.view("p1")
@@ -214,15 +222,22 @@ def test_dependents_and_dependencies_are_read_as_stored(store: JobStore) -> None
     assert store.counts("port") == {"queued": 3, "blocked": 2} and store.counts("ghost") == {}
 
 
-def test_claim_candidates_are_the_unpaused_waiting_jobs_first_then_running_ones_in_queue_order(
+def test_claim_candidates_are_the_unpaused_due_waiting_jobs_first_then_running_ones_in_queue_order(
     store: JobStore,
 ) -> None:
     states = ["running", "queued", "retry_wait", "completed", "blocked", "queued", "running", "queued"]
     insert(store, *(row(f"c{i}", state=s) for i, s in enumerate(states)))
     insert(store, row("paused", state="queued", paused=True), row("elsewhere", scope="other"))
-    assert store.claim_candidates("port", 10) == ["c1", "c2", "c5", "c7", "c0", "c6"]
-    assert store.claim_candidates("port", 2) == ["c1", "c2"]
-    assert store.claim_candidates("ghost", 10) == []
+    later = T0 + timedelta(microseconds=1)
+    insert(
+        store,
+        row("waits", state="retry_wait", not_before=later),
+        row("due", state="retry_wait", not_before=T0),
+    )
+    assert store.claim_candidates("port", 10, now=T0) == ["c1", "c2", "c5", "c7", "due", "c0", "c6"]
+    assert store.claim_candidates("port", 10, now=later)[-4:] == ["waits", "due", "c0", "c6"]
+    assert store.claim_candidates("port", 2, now=T0) == ["c1", "c2"]
+    assert store.claim_candidates("ghost", 10, now=T0) == []
 
 
 def test_events_and_checkpoints_come_back_in_order_with_their_times(store: JobStore) -> None:

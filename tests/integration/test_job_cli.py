@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from admission.intent import canonical_encode
-from admission.jobs import Job
+from admission.jobs import Backoff, Job
 from admission.testing import MemoryPublisher
 from tests.support.jobkit import ManualClock, expire, open_jobs
 
@@ -26,13 +27,24 @@ def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_and_requests_print_the_job_as_json(db_url: str) -> None:
-    store = open_jobs(db_url)
+    store = open_jobs(db_url, backoff=Backoff(base=3600.0, cap=3600.0, jitter=0.0))
     store.enqueue_all(
         [Job("a", "tenant", "count", {"steps": 1}), Job("b", "tenant", "count", depends_on=("a",))]
     )
     result = cli(db_url, "status", "b")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == store.status("b").to_dict()
+    assert json.loads(result.stdout)["not_before"] is None
+    # A job waiting out a retry's backoff shows until when, beside its state.
+    store.enqueue(Job("r", "elsewhere", "count", {"steps": 1}))
+    lease = store.claim("r").lease
+    assert lease is not None
+    store.fail(lease, "transient", retryable=True)
+    view = store.status("r")
+    assert view.not_before is not None
+    shown = json.loads(cli(db_url, "status", "r").stdout)
+    assert (shown["state"], shown["not_before"]) == ("retry_wait", view.not_before.isoformat())
+    assert datetime.fromisoformat(shown["not_before"]) == view.not_before
     assert json.loads(cli(db_url, "pause", "a").stdout)["paused"] is True
     assert store.status("a").paused
     assert json.loads(cli(db_url, "resume", "a").stdout)["paused"] is False

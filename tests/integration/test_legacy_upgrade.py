@@ -6,7 +6,7 @@ command line (``python -m admission --db URL db upgrade``), and snapshotted
 again.  The only differences allowed are the declared deltas: revision 0002's
 three new nullable columns on ``workflow_commands`` (NULL in every existing
 row), the new, empty worker and outbox tables of revision 0003 and job tables
-of revision 0004 (exactly as a fresh database at the head has them, with their
+of revisions 0004 and 0005 (exactly as a fresh database at the head has them, with their
 sequences on PostgreSQL), and the stamp: ``0001`` leaves ``alembic_version`` (where earlier
 builds kept it; the table goes) and the head lands in ``admission_alembic_version``.  Every
 other table, column, index, constraint, row (and, on PostgreSQL, sequence) is identical.

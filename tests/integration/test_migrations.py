@@ -1,4 +1,4 @@
-"""Alembic owns the schema: revisions 0001 to 0004, shipped inside the package."""
+"""Alembic owns the schema: revisions 0001 to 0005, shipped inside the package."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def fresh_engine(backend: str, pool: PostgresPool, tmp_path: Path):  # type: ign
     return create_admission_engine(database_url(backend, pool, tmp_path, migrated=False))
 
 
-def test_revisions_are_0001_to_0004_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
+def test_revisions_are_0001_to_0005_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
     engine = create_admission_engine(f"sqlite:///{tmp_path / 'x.sqlite3'}")
     script = ScriptDirectory.from_config(alembic_config(engine))
     chain = [rev.revision for rev in reversed(list(script.walk_revisions()))]
-    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 5)]
+    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 6)]
     assert script.get_current_head() == HEAD_REVISION
 
 
@@ -151,6 +151,7 @@ def test_the_wheel_ships_the_migrations(tmp_path: Path) -> None:
         "admission/sql/migrations/versions/0002_intent.py",
         "admission/sql/migrations/versions/0003_worker.py",
         "admission/sql/migrations/versions/0004_jobs.py",
+        "admission/sql/migrations/versions/0005_job_backoff.py",
         "admission/py.typed",
     ):
         assert required in names, required
@@ -181,8 +182,8 @@ def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_c
     from tests.support.snapshot import diff_snapshots, snapshot
 
     engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
-    upgrade(engine)
-    service = AdmissionService(SqlStore(engine))
+    upgrade(engine, "0004")  # the head of the builds that stamped alembic_version
+    service = AdmissionService(SqlStore(engine, check=False))
     service.start_run("ns", "wf")
     first = service.admit_signal("ns", "wf", "go", [1], request_id="k")
     # As an earlier build at 0004 left it: the stamp in alembic_version, under the old id.
@@ -198,10 +199,63 @@ def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_c
     after = snapshot(engine)
     assert before["tables"].pop("alembic_version")["rows"] == [{"version_num": "0004"}]
     assert after["tables"].pop(VERSION_TABLE)["rows"] == [{"version_num": HEAD_REVISION}]
+    jobs = after["tables"]["worker_jobs"]  # revision 0005's column, on a table with no rows
+    del jobs["columns"]["not_before"]
+    jobs["column_order"].remove("not_before")
     assert diff_snapshots(before, after) == []
     moved = snapshot(engine)
     assert upgrade(engine) == HEAD_REVISION  # once: a second upgrade finds nothing to move
     assert diff_snapshots(moved, snapshot(engine)) == []
     again = AdmissionService(SqlStore(engine)).admit_signal("ns", "wf", "go", [1], request_id="k")
     assert again.retained and again.command_id == first.command_id
+    engine.dispose()
+
+
+def test_0005_adds_not_before_leaving_every_job_as_it_was_and_its_downgrade_drops_only_it(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+
+    from admission.jobs import Job, JobService
+    from admission.sql import SqlJobStore
+    from tests.support.snapshot import diff_snapshots, snapshot
+
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    upgrade(engine, "0004")
+    with engine.begin() as conn:  # a job an 0004 build left waiting for its retry
+        conn.execute(text("INSERT INTO worker_job_scopes VALUES ('s', 1, '2026-01-01 00:00:00+00:00')"))
+        conn.execute(
+            text(
+                "INSERT INTO worker_jobs (job_id, scope, position, kind, payload, content, state, reason, "
+                "max_attempts, attempts, fence, beat, paused, cancel_requested, stop_requested, "
+                "checkpoint_step, created_at, updated_at) VALUES ('old', 's', 1, 'count', :bytes, :bytes, "
+                "'retry_wait', 'retryable_failure', 3, 1, 1, 2, false, false, false, 0, "
+                "'2026-01-01 00:00:00+00:00', '2026-01-01 00:00:00+00:00')"
+            ),
+            {"bytes": b"\xf6"},
+        )
+    before = snapshot(engine)
+    assert upgrade(engine) == HEAD_REVISION
+    after = snapshot(engine)
+    jobs_after = after["tables"]["worker_jobs"]
+    assert jobs_after["columns"]["not_before"]["nullable"]
+    assert [row.pop("not_before") for row in jobs_after["rows"]] == [None]
+    del jobs_after["columns"]["not_before"]
+    jobs_after["column_order"].remove("not_before")
+    for state in (before, after):
+        state["tables"].pop(VERSION_TABLE)
+    assert diff_snapshots(before, after) == []
+
+    service = JobService(SqlJobStore(engine))
+    claimed = service.claim_next("s")  # no backoff recorded: claimable as it was
+    assert claimed is not None and claimed.job_id == "old" and claimed.lease is not None
+    service.fail(claimed.lease, "again", retryable=True)
+    service.enqueue(Job("new", "s", "count"))
+    assert service.status("old").not_before is not None
+    assert downgrade(engine, "0004") == "admission_0004"  # not refused: an older build retries at once
+    with engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("worker_jobs")}
+        states = {str(r[0]): str(r[1]) for r in conn.execute(text("SELECT job_id, state FROM worker_jobs"))}
+    assert "not_before" not in columns and states == {"old": "retry_wait", "new": "queued"}
+    assert upgrade(engine) == HEAD_REVISION
     engine.dispose()

@@ -1,6 +1,6 @@
 """Offline SQL for review: ``admission db upgrade --sql`` prints what the upgrade runs, and runs nothing.
 
-For each starting point (an empty database, revisions 0001 and 0002, a legacy
+For each starting point (an empty database, revisions 0001, 0002 and 0004, a legacy
 database whose stamp an earlier build left in ``alembic_version``), two
 databases are made alike.  One gets the SQL that ``python -m admission --db
 URL db upgrade --sql`` prints, run by hand (``sqlite3``'s ``executescript``,
@@ -44,8 +44,8 @@ pytestmark = pytest.mark.extra
 
 ROOT = Path(__file__).resolve().parents[2]
 
-STARTS = ("empty", "0001", "0002", "legacy")
-"""Where the two databases start: no schema, an own stamp at 0001 or 0002, a legacy 0001 with rows."""
+STARTS = ("empty", "0001", "0002", "0004", "legacy")
+"""Where the two databases start: no schema, an own stamp at 0001, 0002 or 0004, a legacy 0001 with rows."""
 
 
 def printed_sql(url: str, *args: str) -> str:
@@ -202,7 +202,7 @@ def test_the_printed_sql_starts_at_the_revision_read_from_the_database(
     read = {"empty": "no revision", "legacy": "admission_0001"}.get(start, f"admission_{start}")
     assert first.startswith("-- admission db upgrade") and f"from {read} (read from the database)" in first
     ran = [line for line in sql.splitlines() if line.startswith("-- Running upgrade ")]
-    steps = {"empty": 4, "0001": 3, "legacy": 3, "0002": 2}[start]
+    steps = {"empty": 5, "0001": 4, "legacy": 4, "0002": 3, "0004": 1}[start]
     assert len(ran) == steps and ran[-1].endswith(f"-> {HEAD_REVISION}")
     # Moving a legacy stamp is part of the script, before the first revision, as online.
     moved = "DROP TABLE alembic_version"
@@ -212,6 +212,8 @@ def test_the_printed_sql_starts_at_the_revision_read_from_the_database(
     # 0002 adds nullable columns: a plain ALTER TABLE, never a table rebuild (on SQLite too).
     if start in ("empty", "0001", "legacy"):
         assert "ALTER TABLE workflow_commands ADD COLUMN intent_digest VARCHAR(64);" in sql
+    # 0005 adds one nullable column to worker_jobs, in place as well.
+    assert "ALTER TABLE worker_jobs ADD COLUMN not_before " in sql
     assert "_alembic_tmp" not in sql
     # One transaction around it all, as online.
     lines = sql.splitlines()
@@ -232,7 +234,7 @@ def test_a_target_revision_bounds_the_script(empty_urls: Twins, engines: list[En
 
 
 def test_at_the_head_the_script_runs_nothing(empty_urls: Twins, engines: list[Engine]) -> None:
-    start_at(empty_urls.hand, "0004")
+    start_at(empty_urls.hand, "0005")
     hand = create_admission_engine(empty_urls.hand)
     engines.append(hand)
     before = snapshot(hand)

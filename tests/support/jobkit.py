@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from admission.errors import UnknownJobError
 from admission.intent import Value
 from admission.jobs import (
+    NO_BACKOFF,
     Checkpoint,
     Continue,
     Finish,
@@ -35,6 +37,26 @@ class ManualClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+@dataclass
+class WallClock:
+    """A wall clock (the service's ``now``) that only moves when told to: backoffs end at its times."""
+
+    now: datetime = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+    def set(self, moment: datetime) -> None:
+        self.now = moment
+
+    def at(self, seconds: float) -> datetime:
+        """The time ``seconds`` from now on this clock."""
+        return self.now + timedelta(seconds=seconds)
 
 
 class JobStores:
@@ -67,7 +89,12 @@ class JobStores:
 
 
 def jobs_on(store: JobStore, clock: ManualClock | None = None, **options: object) -> JobService:
-    """A job service on ``store`` driven by a manual clock, with the tests' lease."""
+    """A job service on ``store`` driven by a manual clock, with the tests' lease.
+
+    Without a ``backoff`` option, a failed job may be retried at once (``NO_BACKOFF``): the
+    suites retry without waiting; the backoff's own tests give one, and a :class:`WallClock`.
+    """
+    options.setdefault("backoff", NO_BACKOFF)
     return JobService(store, clock=clock or ManualClock(), lease_seconds=LEASE, **options)  # type: ignore[arg-type]
 
 

@@ -27,6 +27,7 @@ PURE_MODULES = {
     "admission.http._limits",
     "admission.intent._encoding",
     "admission.intent._keys",
+    "admission.jobs._backoff",
     "admission.jobs._claims",
     "admission.jobs._enqueue",
     "admission.jobs._lifecycle",
