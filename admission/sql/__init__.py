@@ -21,8 +21,10 @@ from admission.sql._audit import (
     Finding,
     audit,
 )
-from admission.sql._connections import READ_CONNECTIONS, REPLAN_AFTER, WRITE_CONNECTIONS
+from admission.sql._connections import REPLAN_AFTER
 from admission.sql._engine import (
+    CONNECTIONS_PARAMETER,
+    DEFAULT_CONNECTIONS,
     DEFAULT_URL,
     SQLITE_BUSY_TIMEOUT_MS,
     as_utc,
@@ -78,17 +80,17 @@ __all__ = [
     "ADMISSION_TABLES",
     "ADOPTED_REVISION",
     "BRANCH_LABEL",
+    "CONNECTIONS_PARAMETER",
     "DEFAULT_AUDIT_BATCH",
+    "DEFAULT_CONNECTIONS",
     "DEFAULT_MAX_FINDINGS",
     "DEFAULT_URL",
     "FINDING_KINDS",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
-    "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "SQLITE_BUSY_TIMEOUT_MS",
     "VERSION_TABLE",
-    "WRITE_CONNECTIONS",
     "AdoptionReport",
     "AuditReport",
     "BulkInsert",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import select
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,7 +26,8 @@ from typing import Any, Final, Literal
 from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from admission import telemetry
@@ -34,19 +36,24 @@ from admission.sql._greenlet import greenlets, wait
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
+    "CONNECTIONS_PARAMETER",
+    "DEFAULT_CONNECTIONS",
     "DEFAULT_URL",
     "SQLITE_BUSY_TIMEOUT_MS",
     "WRITE_OPTION",
     "as_utc",
     "async_url",
+    "connection_alive",
     "constraint_name",
     "create_admission_engine",
     "create_async_admission_engine",
     "create_awaited_engine",
     "insert_or_ignore",
+    "is_disconnect",
     "is_postgresql",
     "masked_url",
     "normalize_url",
+    "pause",
     "schema_of",
     "utc_or_none",
     "wrap_exceptions",
@@ -57,6 +64,14 @@ DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 """How long a SQLite writer waits for another's lock before it is refused as busy."""
+
+DEFAULT_CONNECTIONS: Final = 8
+"""The connection budget of a store's engine when none is given: the most connections one store
+holds in one process, kept and pooled together (``docs/operations.md``)."""
+
+CONNECTIONS_PARAMETER: Final = "admission_connections"
+"""The URL query parameter that sets the connection budget (``?admission_connections=4``); admission
+takes it out of the URL before the driver sees it, so the command line's ``--db`` can set it."""
 
 WRITE_OPTION: Final = "admission_write"
 """The execution option that marks admission's own write transactions (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -108,9 +123,30 @@ LockWait = Literal["blocking", "awaited"]
 
 
 def create_admission_engine(
-    url: str, *, schema: str | None = None, lock_wait: LockWait = "blocking", **kwargs: Any
+    url: str,
+    *,
+    schema: str | None = None,
+    lock_wait: LockWait = "blocking",
+    connections: int | None = None,
+    **kwargs: Any,
 ) -> Engine:
     """Create an engine configured as admission needs it.
+
+    ``connections`` (or the URL's ``?admission_connections=N``, taken out of
+    the URL before the driver sees it) is the connection budget: the engine's
+    pool holds at most that many connections (``pool_size=N``,
+    ``max_overflow=0``), and a store on the engine keeps its read and write
+    connections inside it, so one store never holds more than ``N``
+    connections in a process (default :data:`DEFAULT_CONNECTIONS`;
+    ``admission/sql/_connections.py``).  Anything but a positive integer,
+    or the budget given both ways, raises
+    :class:`~admission.errors.InputError` (``field`` ``connections``) before
+    anything is opened.  Without it, ``pool_size`` and ``max_overflow`` given
+    here are the pool's own bound.
+
+    On PostgreSQL every connection the pool hands out is first checked
+    without a round trip (its socket polled): one the server has ended
+    (a restart, a failover, a terminated session) is replaced, not used.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
     timeout, pooled connections, and admission's write transactions opened
@@ -147,7 +183,7 @@ def create_admission_engine(
         raise InputError("must be blocking or awaited", field="lock_wait")
     if lock_wait == "awaited":
         kwargs[_AWAITED_LOCK] = True
-    engine = _admission_engine(url, schema, kwargs)
+    engine = _admission_engine(url, schema, connections, kwargs)
     # An asyncio driver's URL: the synchronous face of its engine, for code run by admission.aio.run_sync.
     return engine.sync_engine if isinstance(engine, AsyncEngine) else engine
 
@@ -186,23 +222,27 @@ def async_url(url: str) -> str:
     return parsed.set(drivername=driver).render_as_string(hide_password=False)
 
 
-def create_async_admission_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> AsyncEngine:
+def create_async_admission_engine(
+    url: str, *, schema: str | None = None, connections: int | None = None, **kwargs: Any
+) -> AsyncEngine:
     """Create an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` configured as admission needs it.
 
     The same engine as :func:`create_admission_engine` (the same URL checks
-    and errors, ``schema``, SQLite pragmas, ``BEGIN IMMEDIATE`` for
+    and errors, ``schema``, the connection budget ``connections``, SQLite pragmas, ``BEGIN IMMEDIATE`` for
     admission's writes, the SQLite file guard), on the database's asyncio
     driver (:func:`async_url`): aiosqlite or psycopg's ``AsyncConnection``.
     Its ``sync_engine`` is what admission's stores run on, inside
     :func:`admission.aio.run_sync` (``docs/async.md``).  Needs
     ``admission[asyncio]``.
     """
-    engine = _admission_engine(async_url(url), schema, kwargs)
+    engine = _admission_engine(async_url(url), schema, connections, kwargs)
     assert isinstance(engine, AsyncEngine)  # async_url named an asyncio driver
     return engine
 
 
-def create_awaited_engine(url: str, *, schema: str | None = None, **kwargs: Any) -> Engine:
+def create_awaited_engine(
+    url: str, *, schema: str | None = None, connections: int | None = None, **kwargs: Any
+) -> Engine:
     """The engine admission's async stores run on, inside :func:`admission.aio.run_sync` (``docs/async.md``).
 
     SQLite (``sqlite://``): the standard ``sqlite3`` driver on the event
@@ -213,23 +253,34 @@ def create_awaited_engine(url: str, *, schema: str | None = None, **kwargs: Any)
     fsync runs on the loop's thread.  A URL naming an asyncio driver
     (``sqlite+aiosqlite``), and PostgreSQL (psycopg's ``AsyncConnection``):
     the ``sync_engine`` of :func:`create_async_admission_engine`, every
-    statement awaited.
+    statement awaited.  ``connections`` is the budget, as for
+    :func:`create_admission_engine`.
     """
     try:
         parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
     if parsed.get_backend_name() == "sqlite" and not _is_async(url):
-        return create_admission_engine(url, schema=schema, lock_wait="awaited", **kwargs)
-    return create_async_admission_engine(url, schema=schema, **kwargs).sync_engine
+        return create_admission_engine(
+            url, schema=schema, lock_wait="awaited", connections=connections, **kwargs
+        )
+    return create_async_admission_engine(url, schema=schema, connections=connections, **kwargs).sync_engine
 
 
-def _admission_engine(url: str, schema: str | None, kwargs: dict[str, Any]) -> Engine | AsyncEngine:
+def _admission_engine(
+    url: str, schema: str | None, connections: int | None, kwargs: dict[str, Any]
+) -> Engine | AsyncEngine:
     try:
         parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
         # SQLAlchemy's messages here name the part it could not use, never the password.
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+    budget = _budget(parsed, connections, kwargs)
+    if CONNECTIONS_PARAMETER in parsed.query:
+        parsed = parsed.difference_update_query([CONNECTIONS_PARAMETER])
+        url = parsed.render_as_string(hide_password=False)
+    if budget is not None:
+        kwargs["pool_size"], kwargs["max_overflow"] = budget, 0
     if schema is not None:
         _check_schema(schema, parsed)
         connect_args = dict(kwargs.pop("connect_args", {}))
@@ -247,6 +298,30 @@ def _admission_engine(url: str, schema: str | None, kwargs: dict[str, Any]) -> E
         raise InputError(f"the database driver is not installed: {exc}{extra}", field="url") from exc
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+
+
+def _budget(url: URL, keyword: object, kwargs: Mapping[str, Any]) -> int | None:
+    """The connection budget from the keyword or the URL (checked), ``None`` when the caller
+    bounds the pool itself (``pool_size``, ``max_overflow``, ``poolclass``)."""
+    given = url.query.get(CONNECTIONS_PARAMETER)
+    if keyword is not None and given is not None:
+        raise InputError(
+            f"give the budget once: the keyword or ?{CONNECTIONS_PARAMETER}=", field="connections"
+        )
+    if given is not None:
+        text = given if isinstance(given, str) else ",".join(given)
+        if not text.isdecimal() or not text.isascii():
+            raise InputError("expected a positive integer", field="connections")
+        keyword = int(text)
+    if keyword is None:
+        if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
+            return None
+        return DEFAULT_CONNECTIONS
+    if not isinstance(keyword, int) or isinstance(keyword, bool) or keyword < 1:
+        raise InputError("expected a positive integer", field="connections")
+    if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
+        raise InputError("give the bound once: connections, or the pool's own options", field="connections")
+    return keyword
 
 
 def _is_async(url: str) -> bool:
@@ -279,7 +354,7 @@ _AWAITED_LOCK: Final = "admission_awaited_lock"
 """The key that carries ``lock_wait="awaited"`` to :func:`_configured_engine`."""
 
 
-def _pause(seconds: float) -> None:
+def pause(seconds: float) -> None:
     """Sleep: awaited on the loop inside a greenlet, so other tasks run; else on this thread."""
     concurrency = greenlets()
     if concurrency.in_greenlet():
@@ -289,7 +364,7 @@ def _pause(seconds: float) -> None:
 
 
 def _begin_immediate_awaited(dbapi_connection: Any) -> None:
-    """``BEGIN IMMEDIATE`` that waits for another writer with :func:`_pause`, never in SQLite.
+    """``BEGIN IMMEDIATE`` that waits for another writer with :func:`pause`, never in SQLite.
 
     SQLite's busy handler sleeps in the driver call, holding the event loop for
     as long as another process writes; with the handler off for this one
@@ -306,7 +381,7 @@ def _begin_immediate_awaited(dbapi_connection: Any) -> None:
                 busy = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
                 if not busy or time.monotonic() >= deadline:
                     raise
-            _pause(delay)
+            pause(delay)
             delay = min(delay * 2, 0.05)
     finally:
         # Every other statement keeps the busy handler (a reader meets a lock only in rare moments).
@@ -322,8 +397,12 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
     # driver through SQLAlchemy's adapter (docs/async.md).
     create: Callable[..., Engine | AsyncEngine] = create_async_engine if _is_async(url) else create_engine
     if make_url(url).get_backend_name() != "sqlite":
+        # A zero-round-trip check on checkout instead of pre-ping's round trip (connection_alive).
         kwargs.setdefault("pool_pre_ping", False)
-        return create(url, **kwargs)
+        made_pg = create(url, **kwargs)
+        pooled = made_pg.sync_engine if isinstance(made_pg, AsyncEngine) else made_pg
+        event.listen(pooled, "checkout", _checked)
+        return made_pg
     if make_url(url).database in (None, "", ":memory:"):
         raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
     # aiosqlite hands these, and the guard's factory, to sqlite3.connect in its own thread.
@@ -379,6 +458,61 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
         # A disposed engine opens, and is bound to, what the path names then.
         event.listen(engine, "engine_disposed", lambda _engine: guard.forget())
     return made
+
+
+def connection_alive(dbapi_connection: Any) -> bool:
+    """Whether an idle driver connection may still be used, found without a round trip.
+
+    psycopg (PostgreSQL): its socket is polled with no wait.  An idle session
+    is sent nothing unasked, so a socket that the server closed (a restart,
+    a failover, ``pg_terminate_backend``, an idle timeout: the server sends a
+    last error and closes) reads as hung up, and the connection is dead.  A
+    socket that is only readable has its input taken in (a TLS session
+    ticket, a notice) and the connection is dead if libpq then finds it
+    broken.  Any other driver (SQLite: nothing to lose): alive.
+    """
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+    pgconn = getattr(driver, "pgconn", None)
+    if pgconn is None:
+        return True
+    try:
+        if driver.closed or driver.broken:
+            return False
+        poller = select.poll()
+        poller.register(pgconn.socket, _POLLED)
+        ready = poller.poll(0)
+        if not ready:
+            return True
+        if ready[0][1] & _GONE:
+            return False
+        pgconn.consume_input()
+        return bool(pgconn.status == 0)  # libpq's CONNECTION_OK
+    except Exception:  # a socket or a libpq state that cannot even be asked: not usable
+        return False
+
+
+_GONE: Final = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+_POLLED: Final = select.POLLIN | _GONE
+
+
+def _checked(dbapi_connection: Any, _record: object, _proxy: object) -> None:
+    """The pool's checkout event: a connection the server ended is replaced before it is used
+    (the pool opens another and checks again)."""
+    if not connection_alive(dbapi_connection):
+        raise DisconnectionError("the server closed this idle connection")
+
+
+def is_disconnect(dialect: Dialect, error: BaseException, dbapi_connection: Any = None) -> bool:
+    """Whether ``error`` (SQLAlchemy's or the driver's own) means the connection was lost."""
+    if isinstance(error, DBAPIError):
+        return bool(error.connection_invalidated)
+    if not isinstance(error, dialect.loaded_dbapi.Error):
+        return False
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+    try:
+        return bool(dialect.is_disconnect(error, driver, None))
+    except Exception:  # a dialect that cannot tell: not a disconnect
+        return False
 
 
 def _guard_file(url: URL, kwargs: dict[str, Any]) -> FileGuard | None:
@@ -459,6 +593,11 @@ def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Itera
     dbapi = dialect.loaded_dbapi
     try:
         yield
+    except PoolTimeoutError as exc:
+        # Every connection of the budget stayed in use for the pool's whole timeout.
+        raise StorageError(
+            "no connection of the store's budget came free in time (admission_connections)"
+        ) from exc
     except DBAPIError as exc:
         raise _translate(exc.orig or exc, dbapi, refusals) from exc
     except dbapi.Error as exc:
