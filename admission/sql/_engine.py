@@ -300,27 +300,35 @@ def _admission_engine(
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
 
 
+_NOT_A_BUDGET: Final = (
+    f"the connection budget (connections, ?{CONNECTIONS_PARAMETER}=) must be a positive integer"
+)
+
+
 def _budget(url: URL, keyword: object, kwargs: Mapping[str, Any]) -> int | None:
     """The connection budget from the keyword or the URL (checked), ``None`` when the caller
     bounds the pool itself (``pool_size``, ``max_overflow``, ``poolclass``)."""
     given = url.query.get(CONNECTIONS_PARAMETER)
     if keyword is not None and given is not None:
         raise InputError(
-            f"give the budget once: the keyword or ?{CONNECTIONS_PARAMETER}=", field="connections"
+            f"give the connection budget once: connections= or ?{CONNECTIONS_PARAMETER}=", field="connections"
         )
     if given is not None:
         text = given if isinstance(given, str) else ",".join(given)
         if not text.isdecimal() or not text.isascii():
-            raise InputError("expected a positive integer", field="connections")
+            raise InputError(_NOT_A_BUDGET, field="connections")
         keyword = int(text)
     if keyword is None:
         if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
             return None
         return DEFAULT_CONNECTIONS
     if not isinstance(keyword, int) or isinstance(keyword, bool) or keyword < 1:
-        raise InputError("expected a positive integer", field="connections")
+        raise InputError(_NOT_A_BUDGET, field="connections")
     if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
-        raise InputError("give the bound once: connections, or the pool's own options", field="connections")
+        raise InputError(
+            "give the connection budget once: connections=, or the pool's own pool_size and max_overflow",
+            field="connections",
+        )
     return keyword
 
 

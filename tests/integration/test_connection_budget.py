@@ -29,7 +29,9 @@ from admission.errors import InputError
 from admission.receipts import AdmissionService, Decision
 from admission.sql import (
     DEFAULT_CONNECTIONS,
+    SqlJobStore,
     SqlStore,
+    SqlWorkerStore,
     create_admission_engine,
     create_async_admission_engine,
     create_awaited_engine,
@@ -229,6 +231,14 @@ def test_the_url_parameter_reaches_the_pool_and_never_the_driver(db_url: str) ->
     awaited = create_awaited_engine(f"{db_url}?admission_connections=6")
     assert awaited.pool.size() == 6
     awaited.dispose()
+    # The worker's and the job runner's stores take every connection from their engine's pool.
+    for opened in (
+        SqlWorkerStore.open(f"{db_url}?admission_connections=2"),
+        SqlJobStore.open(db_url, connections=3),
+    ):
+        assert opened.engine.pool._max_overflow == 0  # type: ignore[attr-defined]
+        assert opened.engine.pool.size() == (2 if isinstance(opened, SqlWorkerStore) else 3)
+        opened.dispose()
 
 
 def test_a_user_made_engine_keeps_its_own_pools_bound(db_url: str) -> None:
