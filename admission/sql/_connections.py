@@ -64,6 +64,7 @@ __all__ = [
     "USES",
     "Kept",
     "budget_of",
+    "kept_for",
     "kept_shares",
     "replan_due",
 ]
@@ -163,15 +164,17 @@ class _Kind:
 
 
 class Kept:
-    """The kept read and write connections of one store, inside its engine's budget.
+    """The kept read and write connections of the stores on one engine, inside its budget
+    (one per engine: :func:`kept_for`).
 
-    ``engine`` is the store's engine and ``write_engine`` the same engine
-    with admission's write option (one pool).  See the module docstring.
+    Each call is given the engine to use: the engine itself, or the same
+    engine with admission's write option (one pool).  None is kept here, so
+    that an engine no store uses any more can be collected.  See the module
+    docstring.
     """
 
-    def __init__(self, engine: Engine, write_engine: Engine) -> None:
-        self._engine = engine
-        self._write_engine = write_engine
+    def __init__(self, engine: Engine) -> None:
+        self._dialect = engine.dialect
         self._postgres = is_postgresql(engine.dialect)
         writers, readers = kept_shares(budget_of(engine))
         self.readers, self.writers = _Kind(readers), _Kind(writers)
@@ -188,7 +191,7 @@ class Kept:
 
     # -- bookkeeping ---------------------------------------------------------------------
 
-    def _follow_fork(self) -> None:
+    def _follow_fork(self, engine: Engine) -> None:
         """Under the mutex: a forked process starts with nothing kept (and a pool of its own)."""
         if self._pid == os.getpid():
             return
@@ -197,13 +200,13 @@ class Kept:
             kind.free, kind.count = [], 0
         self._generation += 1
         self._pid = os.getpid()
-        _own_pool(self._engine)
+        _own_pool(engine)
 
-    def _take(self, kind: _Kind) -> tuple[_Held | None, bool]:
+    def _take(self, kind: _Kind, engine: Engine) -> tuple[_Held | None, bool]:
         """An idle kept connection (``(held, False)``), a place for a new one (``(None, True)``),
         or nothing (``(None, False)``: every kept one is lent)."""
         with self._mutex:
-            self._follow_fork()
+            self._follow_fork(engine)
             if kind.free:
                 return kind.free.pop(), False
             if kind.count >= kind.cap:
@@ -233,7 +236,7 @@ class Kept:
 
     def _failed(self, error: BaseException, dbapi_connection: Any) -> None:
         """After a driver error: a disconnect drops every idle kept connection (a new generation)."""
-        if is_disconnect(self._engine.dialect, error, dbapi_connection):
+        if is_disconnect(self._dialect, error, dbapi_connection):
             self._drop_idle()
 
     def _drop_idle(self) -> None:
@@ -250,9 +253,9 @@ class Kept:
 
     # -- readers -------------------------------------------------------------------------
 
-    def _new_reader(self, uses: int) -> _Held:
+    def _new_reader(self, engine: Engine, uses: int) -> _Held:
         try:
-            proxy = self._engine.raw_connection()
+            proxy = engine.raw_connection()
             held = _Held(proxy, self._generation)
             held.connection = proxy.dbapi_connection
             if self._postgres:
@@ -268,25 +271,25 @@ class Kept:
         return held
 
     @contextmanager
-    def read(self) -> Iterator[tuple[Any, Any]]:
+    def read(self, engine: Engine) -> Iterator[tuple[Any, Any]]:
         """A driver connection and its cursor, autocommit, for one read (a pooled one in a
         transaction when every kept reader is lent)."""
-        held, place = self._take(self.readers)
+        held, place = self._take(self.readers, engine)
         if held is None and not place:
-            proxy = self._engine.raw_connection()
+            proxy = engine.raw_connection()
             try:
                 yield proxy.dbapi_connection, proxy.cursor()
             finally:
                 proxy.close()  # back to the pool, which rolls back what the read began
             return
         if held is None:
-            held = self._new_reader(0)
+            held = self._new_reader(engine, 0)
         else:
             held.uses += 1
             if not connection_alive(held.connection) or replan_due(held.uses):
                 # Ended by the server (replaced before use), or due to be planned again (REPLAN_AFTER).
                 _invalidate(held.proxy)
-                held = self._new_reader(held.uses)
+                held = self._new_reader(engine, held.uses)
         try:
             yield held.connection, held.cursor
         except BaseException as exc:
@@ -300,30 +303,31 @@ class Kept:
 
     # -- writers -------------------------------------------------------------------------
 
-    def _writer(self) -> _Held | None:
-        held, place = self._take(self.writers)
+    def _writer(self, engine: Engine, write_engine: Engine) -> _Held | None:
+        held, place = self._take(self.writers, engine)
         if held is None and not place:
-            return self._wait_for_writer()
-        return self._checked_writer(held)
+            return self._wait_for_writer(engine, write_engine)
+        return self._checked_writer(held, write_engine)
 
-    def _checked_writer(self, held: _Held | None) -> _Held:
+    def _checked_writer(self, held: _Held | None, write_engine: Engine) -> _Held:
         """``held`` if the server has not ended it, else (or for ``None``) a new kept writer."""
         if held is not None:
             if connection_alive(held.proxy.connection.dbapi_connection):
                 return held
             _invalidate(held.proxy)  # ended by the server: replaced before use
         try:
-            return _Held(self._write_engine.connect(), self._generation)
+            return _Held(write_engine.connect(), self._generation)
         except BaseException:
             self._unplace(self.writers)
             raise
 
     @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """A write transaction on a kept connection (or, when all are lent, a pooled one)."""
-        held = self._writer()
+    def transaction(self, engine: Engine, write_engine: Engine) -> Iterator[Connection]:
+        """A write transaction on ``write_engine`` (``engine`` with admission's write option), on
+        a kept connection (or, when all are lent, a pooled one)."""
+        held = self._writer(engine, write_engine)
         if held is None:
-            with self._write_engine.connect() as pooled:
+            with write_engine.connect() as pooled:
                 dbapi = pooled.connection.dbapi_connection
                 try:
                     with pooled.begin():
@@ -359,7 +363,7 @@ class Kept:
             else:
                 _invalidate(connection)
 
-    def _wait_for_writer(self) -> _Held | None:
+    def _wait_for_writer(self, engine: Engine, write_engine: Engine) -> _Held | None:
         """Every kept writer is lent: on a blocking pool inside the event loop's greenlet, wait
         for one to come back with the loop free (a pooled checkout would block the loop's thread
         while the writers' holders wait on the loop); anywhere else ``None``: take a pooled one."""
@@ -368,9 +372,9 @@ class Kept:
         delay = 0.0005
         while True:
             pause(delay)
-            held, place = self._take(self.writers)
+            held, place = self._take(self.writers, engine)
             if held is not None or place:
-                return self._checked_writer(held)
+                return self._checked_writer(held, write_engine)
             delay = min(delay * 2, 0.02)
 
     # -- closing -------------------------------------------------------------------------
@@ -390,6 +394,20 @@ class Kept:
         for held in writers:
             with suppress(Exception):
                 held.proxy.close()
+
+
+_kept_mutex: Final = threading.Lock()
+_kept: weakref.WeakKeyDictionary[Engine, Kept] = weakref.WeakKeyDictionary()
+
+
+def kept_for(engine: Engine) -> Kept:
+    """The kept connections of ``engine``'s stores: one set per engine, so that two stores on one
+    engine share its budget instead of each keeping ``N - 1`` of the same ``N``."""
+    with _kept_mutex:
+        kept = _kept.get(engine)
+        if kept is None:
+            kept = _kept[engine] = Kept(engine)
+        return kept
 
 
 def _invalidate(connection: Any) -> None:

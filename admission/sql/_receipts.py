@@ -35,7 +35,7 @@ from admission.receipts._store import (
     UpdateRow,
 )
 from admission.sql._caller import caller_connection, join_transaction
-from admission.sql._connections import USES, Kept, budget_of, replan_due
+from admission.sql._connections import USES, budget_of, kept_for, replan_due
 from admission.sql._engine import (
     DEFAULT_URL,
     WRITE_OPTION,
@@ -282,7 +282,7 @@ class SqlStore:
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
         # The kept read and write connections, inside the engine's connection budget.
-        self._kept = Kept(engine, self._write_engine)
+        self._kept = kept_for(engine)
         # psycopg's pipeline mode needs libpq 14 or later; without it the lock
         # and the lookup take a round trip each.  SQLAlchemy's adapter of
         # psycopg's AsyncConnection has no pipeline(): on an asyncio engine the
@@ -417,7 +417,7 @@ class SqlStore:
                 join_transaction(connection)
                 yield self._lock(connection, namespace, workflow_id, created_at, new_id)
             return
-        with self._translate(), self._kept.transaction() as conn:
+        with self._translate(), self._kept.transaction(self.engine, self._write_engine) as conn:
             yield self._lock(conn, namespace, workflow_id, created_at, new_id)
 
     def locked(
@@ -470,7 +470,7 @@ class SqlStore:
             "raw": values[1],
         }
         found: list[tuple[CommandRow, UpdateRow | None]]
-        with self._translate(), self._kept.read() as (connection, cursor):
+        with self._translate(), self._kept.read(self.engine) as (connection, cursor):
             found = self._receipts_on(connection, cursor, command_type, params)
         return receipt_order(found) if len(found) > 1 else found
 

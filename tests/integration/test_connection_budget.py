@@ -241,12 +241,15 @@ def test_the_url_parameter_reaches_the_pool_and_never_the_driver(db_url: str) ->
         opened.dispose()
 
 
-def test_a_user_made_engine_keeps_its_own_pools_bound(db_url: str) -> None:
+def test_a_user_made_engine_keeps_its_own_pools_bound_and_its_stores_share_it(db_url: str) -> None:
     engine = create_admission_engine(db_url, pool_size=3, max_overflow=2)
-    store = SqlStore(engine)
+    store, other = SqlStore(engine), SqlStore(engine)
     try:
-        assert store.connections == 5
-        assert store._kept.writers.cap + store._kept.readers.cap == 4  # type: ignore[attr-defined]
+        assert store.connections == other.connections == 5
+        kept = store._kept  # type: ignore[attr-defined]
+        assert kept.writers.cap + kept.readers.cap == 4
+        # Two stores on one engine keep one set of connections: 4 of the 5, not 4 each.
+        assert other._kept is kept  # type: ignore[attr-defined]
     finally:
         store.dispose()
 

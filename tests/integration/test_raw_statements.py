@@ -188,7 +188,7 @@ def test_receipts_read_on_the_driver_equal_what_core_reads(
 
 
 def _reader_backend_pid(store: SqlStore) -> Any:
-    with store._kept.read() as (_, cursor):  # type: ignore[attr-defined]
+    with store._kept.read(store.engine) as (_, cursor):  # type: ignore[attr-defined]
         cursor.execute("SELECT pg_backend_pid()" if store.postgres else "SELECT 1")
         return cursor.fetchall()[0][0]
 
