@@ -21,7 +21,7 @@ from admission.sql._audit import (
     Finding,
     audit,
 )
-from admission.sql._connections import REPLAN_AFTER
+from admission.sql._connections import READ_CONNECTIONS, REPLAN_AFTER, WRITE_CONNECTIONS
 from admission.sql._engine import (
     CONNECTIONS_PARAMETER,
     DEFAULT_CONNECTIONS,
@@ -88,9 +88,11 @@ __all__ = [
     "FINDING_KINDS",
     "HEAD_REVISION",
     "KNOWN_REVISIONS",
+    "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "SQLITE_BUSY_TIMEOUT_MS",
     "VERSION_TABLE",
+    "WRITE_CONNECTIONS",
     "AdoptionReport",
     "AuditReport",
     "BulkInsert",

@@ -23,7 +23,7 @@ through the store while it is open holds two; the pool's timeout then ends
 the wait as a :class:`~admission.errors.StorageError`.
 
 Health: a kept connection is checked when it is taken, without a round
-trip (:func:`~admission.sql._engine.connection_alive`: the socket of one the
+trip (:func:`~admission.sql._health.connection_alive`: the socket of one the
 server ended reads as closed), and replaced if the server ended it.  A
 driver error that is a disconnect drops every idle kept connection at once
 (a new generation; lent ones are closed when given back): after a failover
@@ -49,19 +49,16 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.pool import NullPool, QueuePool
 
-from admission.errors import AdmissionError
-from admission.sql._engine import (
-    DEFAULT_CONNECTIONS,
-    connection_alive,
-    is_disconnect,
-    is_postgresql,
-    pause,
-)
+from admission.errors import AdmissionError, InputError
+from admission.sql._engine import DEFAULT_CONNECTIONS, is_postgresql, pause
 from admission.sql._greenlet import greenlets
+from admission.sql._health import connection_alive, is_disconnect
 
 __all__ = [
+    "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "USES",
+    "WRITE_CONNECTIONS",
     "Kept",
     "budget_of",
     "kept_for",
@@ -115,6 +112,15 @@ def kept_shares(budget: int) -> tuple[int, int]:
     kept = max(budget - 1, 0)
     writers = (kept + 1) // 2
     return writers, kept - writers
+
+
+WRITE_CONNECTIONS: Final = kept_shares(DEFAULT_CONNECTIONS)[0]
+"""Write connections a store keeps at the default budget (4 of 8).  Kept for code that read it
+before the budget; the budget (``connections``) sets the number now: :func:`kept_shares`."""
+
+READ_CONNECTIONS: Final = kept_shares(DEFAULT_CONNECTIONS)[1]
+"""Read connections a store keeps at the default budget (3 of 8).  Kept for code that read it
+before the budget; the budget (``connections``) sets the number now: :func:`kept_shares`."""
 
 
 # The pool each engine's connections come from, per process: a forked child
@@ -279,6 +285,11 @@ class Kept:
             proxy = engine.raw_connection()
             try:
                 yield proxy.dbapi_connection, proxy.cursor()
+            except BaseException as exc:
+                if is_disconnect(self._dialect, exc, proxy.dbapi_connection):
+                    proxy.invalidate()  # not back to the pool: a lost connection cannot roll back
+                    self._drop_idle()
+                raise
             finally:
                 proxy.close()  # back to the pool, which rolls back what the read began
             return
@@ -367,7 +378,7 @@ class Kept:
         """Every kept writer is lent: on a blocking pool inside the event loop's greenlet, wait
         for one to come back with the loop free (a pooled checkout would block the loop's thread
         while the writers' holders wait on the loop); anywhere else ``None``: take a pooled one."""
-        if not self._blocking_pool or not self.writers.cap or not greenlets().in_greenlet():
+        if not self._blocking_pool or not self.writers.cap or not _in_greenlet():
             return None
         delay = 0.0005
         while True:
@@ -394,6 +405,13 @@ class Kept:
         for held in writers:
             with suppress(Exception):
                 held.proxy.close()
+
+
+def _in_greenlet() -> bool:
+    try:
+        return bool(greenlets().in_greenlet())
+    except InputError:  # greenlet is not installed: nothing runs on an event loop's greenlet
+        return False
 
 
 _kept_mutex: Final = threading.Lock()

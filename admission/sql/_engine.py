@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import select
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,13 +25,14 @@ from typing import Any, Final, Literal
 from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
 from admission.sql._greenlet import greenlets, wait
+from admission.sql._health import checked_on_checkout
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
@@ -43,13 +43,11 @@ __all__ = [
     "WRITE_OPTION",
     "as_utc",
     "async_url",
-    "connection_alive",
     "constraint_name",
     "create_admission_engine",
     "create_async_admission_engine",
     "create_awaited_engine",
     "insert_or_ignore",
-    "is_disconnect",
     "is_postgresql",
     "masked_url",
     "normalize_url",
@@ -409,7 +407,7 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
         kwargs.setdefault("pool_pre_ping", False)
         made_pg = create(url, **kwargs)
         pooled = made_pg.sync_engine if isinstance(made_pg, AsyncEngine) else made_pg
-        event.listen(pooled, "checkout", _checked)
+        event.listen(pooled, "checkout", checked_on_checkout)
         return made_pg
     if make_url(url).database in (None, "", ":memory:"):
         raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
@@ -466,61 +464,6 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
         # A disposed engine opens, and is bound to, what the path names then.
         event.listen(engine, "engine_disposed", lambda _engine: guard.forget())
     return made
-
-
-def connection_alive(dbapi_connection: Any) -> bool:
-    """Whether an idle driver connection may still be used, found without a round trip.
-
-    psycopg (PostgreSQL): its socket is polled with no wait.  An idle session
-    is sent nothing unasked, so a socket that the server closed (a restart,
-    a failover, ``pg_terminate_backend``, an idle timeout: the server sends a
-    last error and closes) reads as hung up, and the connection is dead.  A
-    socket that is only readable has its input taken in (a TLS session
-    ticket, a notice) and the connection is dead if libpq then finds it
-    broken.  Any other driver (SQLite: nothing to lose): alive.
-    """
-    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
-    pgconn = getattr(driver, "pgconn", None)
-    if pgconn is None:
-        return True
-    try:
-        if driver.closed or driver.broken:
-            return False
-        poller = select.poll()
-        poller.register(pgconn.socket, _POLLED)
-        ready = poller.poll(0)
-        if not ready:
-            return True
-        if ready[0][1] & _GONE:
-            return False
-        pgconn.consume_input()
-        return bool(pgconn.status == 0)  # libpq's CONNECTION_OK
-    except Exception:  # a socket or a libpq state that cannot even be asked: not usable
-        return False
-
-
-_GONE: Final = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
-_POLLED: Final = select.POLLIN | _GONE
-
-
-def _checked(dbapi_connection: Any, _record: object, _proxy: object) -> None:
-    """The pool's checkout event: a connection the server ended is replaced before it is used
-    (the pool opens another and checks again)."""
-    if not connection_alive(dbapi_connection):
-        raise DisconnectionError("the server closed this idle connection")
-
-
-def is_disconnect(dialect: Dialect, error: BaseException, dbapi_connection: Any = None) -> bool:
-    """Whether ``error`` (SQLAlchemy's or the driver's own) means the connection was lost."""
-    if isinstance(error, DBAPIError):
-        return bool(error.connection_invalidated)
-    if not isinstance(error, dialect.loaded_dbapi.Error):
-        return False
-    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
-    try:
-        return bool(dialect.is_disconnect(error, driver, None))
-    except Exception:  # a dialect that cannot tell: not a disconnect
-        return False
 
 
 def _guard_file(url: URL, kwargs: dict[str, Any]) -> FileGuard | None:
