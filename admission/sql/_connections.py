@@ -41,9 +41,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
@@ -52,7 +52,9 @@ from sqlalchemy.pool import NullPool, QueuePool
 from admission.errors import AdmissionError, InputError
 from admission.sql._engine import DEFAULT_CONNECTIONS, is_postgresql, pause
 from admission.sql._greenlet import greenlets
-from admission.sql._health import connection_alive, is_disconnect
+from admission.sql._health import is_disconnect, quiet, watch
+
+R = TypeVar("R")
 
 __all__ = [
     "READ_CONNECTIONS",
@@ -147,11 +149,13 @@ class _Held:
     ``cursor``) or a write one (``proxy`` is the SQLAlchemy ``Connection``), with the process and
     the generation it belongs to."""
 
-    __slots__ = ("connection", "cursor", "generation", "pid", "proxy", "uses")
+    __slots__ = ("connection", "cursor", "generation", "pid", "poller", "proxy", "uses")
 
-    def __init__(self, proxy: Any, generation: int) -> None:
+    def __init__(self, proxy: Any, generation: int, dbapi_connection: Any, postgres: bool) -> None:
         self.proxy = proxy
-        self.connection: Any = None
+        self.connection: Any = dbapi_connection
+        # PostgreSQL: the socket, watched for the server ending the session (SQLite: nothing to watch).
+        self.poller: Any = watch(dbapi_connection) if postgres else None
         self.cursor: Any = None
         self.uses = 0
         self.generation = generation
@@ -262,8 +266,7 @@ class Kept:
     def _new_reader(self, engine: Engine, uses: int) -> _Held:
         try:
             proxy = engine.raw_connection()
-            held = _Held(proxy, self._generation)
-            held.connection = proxy.dbapi_connection
+            held = _Held(proxy, self._generation, proxy.dbapi_connection, self._postgres)
             if self._postgres:
                 held.connection.rollback()
                 held.connection.autocommit = True
@@ -276,41 +279,57 @@ class Kept:
         held.uses = uses
         return held
 
-    @contextmanager
-    def read(self, engine: Engine) -> Iterator[tuple[Any, Any]]:
-        """A driver connection and its cursor, autocommit, for one read (a pooled one in a
-        transaction when every kept reader is lent)."""
-        held, place = self._take(self.readers, engine)
-        if held is None and not place:
-            proxy = engine.raw_connection()
-            try:
-                yield proxy.dbapi_connection, proxy.cursor()
-            except BaseException as exc:
-                if is_disconnect(self._dialect, exc, proxy.dbapi_connection):
-                    proxy.invalidate()  # not back to the pool: a lost connection cannot roll back
-                    self._drop_idle()
-                raise
-            finally:
-                proxy.close()  # back to the pool, which rolls back what the read began
-            return
+    def read(self, engine: Engine, statements: Callable[[Any, Any], R]) -> R:
+        """``statements(connection, cursor)`` on a kept driver connection in autocommit (a pooled
+        one in a transaction when every kept reader is lent); its result."""
+        pid = os.getpid()
+        free = self.readers.free
+        try:
+            # The common case, without the mutex: an idle kept reader of this process (a list's
+            # pop is atomic); anything else takes the mutex below.
+            held = free.pop() if self._pid == pid else None
+        except IndexError:
+            held = None
+        place = False
+        if held is None:
+            held, place = self._take(self.readers, engine)
+            if held is None and not place:
+                return self._pooled_read(engine, statements)
         if held is None:
             held = self._new_reader(engine, 0)
         else:
             held.uses += 1
-            if not connection_alive(held.connection) or replan_due(held.uses):
+            if (self._postgres and not quiet(held.poller, held.connection)) or replan_due(held.uses):
                 # Ended by the server (replaced before use), or due to be planned again (REPLAN_AFTER).
                 _invalidate(held.proxy)
                 held = self._new_reader(engine, held.uses)
         try:
-            yield held.connection, held.cursor
+            result = statements(held.connection, held.cursor)
         except BaseException as exc:
             # Any failure (a driver error, a cancelled task) closes it: its state is unknown.
             if not self._give(self.readers, held, False):
                 _invalidate(held.proxy)
             self._failed(exc, held.connection)
             raise
-        if not self._give(self.readers, held, True):
+        if held.generation == self._generation and held.pid == pid:
+            # Given back without the mutex (an append is atomic): a drop or a close that raced
+            # with it leaves one connection of the older generation idle, still checked before use.
+            self.readers.free.append(held)
+        elif not self._give(self.readers, held, True):
             _invalidate(held.proxy)
+        return result
+
+    def _pooled_read(self, engine: Engine, statements: Callable[[Any, Any], R]) -> R:
+        proxy = engine.raw_connection()
+        try:
+            return statements(proxy.dbapi_connection, proxy.cursor())
+        except BaseException as exc:
+            if is_disconnect(self._dialect, exc, proxy.dbapi_connection):
+                proxy.invalidate()  # not back to the pool: a lost connection cannot roll back
+                self._drop_idle()
+            raise
+        finally:
+            proxy.close()  # back to the pool, which rolls back what the read began
 
     # -- writers -------------------------------------------------------------------------
 
@@ -323,11 +342,12 @@ class Kept:
     def _checked_writer(self, held: _Held | None, write_engine: Engine) -> _Held:
         """``held`` if the server has not ended it, else (or for ``None``) a new kept writer."""
         if held is not None:
-            if connection_alive(held.proxy.connection.dbapi_connection):
+            if not self._postgres or quiet(held.poller, held.connection):
                 return held
             _invalidate(held.proxy)  # ended by the server: replaced before use
         try:
-            return _Held(write_engine.connect(), self._generation)
+            connection = write_engine.connect()
+            return _Held(connection, self._generation, connection.connection.dbapi_connection, self._postgres)
         except BaseException:
             self._unplace(self.writers)
             raise

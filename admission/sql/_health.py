@@ -18,7 +18,7 @@ from typing import Any, Final
 from sqlalchemy import Dialect
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 
-__all__ = ["checked_on_checkout", "connection_alive", "is_disconnect"]
+__all__ = ["checked_on_checkout", "connection_alive", "is_disconnect", "quiet", "watch"]
 
 
 def connection_alive(dbapi_connection: Any) -> bool:
@@ -54,6 +54,29 @@ def connection_alive(dbapi_connection: Any) -> bool:
 
 _GONE: Final = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 _POLLED: Final = select.POLLIN | _GONE
+
+
+def watch(dbapi_connection: Any) -> Any:
+    """A poll object on the socket of a psycopg connection (``None`` for another driver), made once
+    for a kept connection so that :func:`quiet` costs one system call."""
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)
+    pgconn = getattr(driver, "pgconn", None)
+    if pgconn is None:
+        return None
+    try:
+        poller = select.poll()
+        poller.register(pgconn.socket, _POLLED)
+    except Exception:  # no socket to watch: the full check decides on every use
+        return None
+    return poller
+
+
+def quiet(poller: Any, dbapi_connection: Any) -> bool:
+    """:func:`connection_alive` for a kept connection watched by ``poller`` (from :func:`watch`):
+    a socket with nothing to read is the common case, and needs nothing more."""
+    if poller is not None and not poller.poll(0):
+        return True
+    return connection_alive(dbapi_connection)
 
 
 def checked_on_checkout(dbapi_connection: Any, _record: object, _proxy: object) -> None:

@@ -470,8 +470,11 @@ class SqlStore:
             "raw": values[1],
         }
         found: list[tuple[CommandRow, UpdateRow | None]]
-        with self._translate(), self._kept.read(self.engine) as (connection, cursor):
-            found = self._receipts_on(connection, cursor, command_type, params)
+        with self._translate():
+            found = self._kept.read(
+                self.engine,
+                lambda connection, cursor: self._receipts_on(connection, cursor, command_type, params),
+            )
         return receipt_order(found) if len(found) > 1 else found
 
     def _receipts_on(

@@ -188,9 +188,11 @@ def test_receipts_read_on_the_driver_equal_what_core_reads(
 
 
 def _reader_backend_pid(store: SqlStore) -> Any:
-    with store._kept.read(store.engine) as (_, cursor):  # type: ignore[attr-defined]
+    def backend(_connection: Any, cursor: Any) -> Any:
         cursor.execute("SELECT pg_backend_pid()" if store.postgres else "SELECT 1")
         return cursor.fetchall()[0][0]
+
+    return store._kept.read(store.engine, backend)  # type: ignore[attr-defined]
 
 
 def _kept_reader(store: SqlStore) -> Any:
