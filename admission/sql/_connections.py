@@ -8,10 +8,11 @@ kept and pooled together.  A user-made engine keeps its own pool's bound.
 
 Kept connections: checking a connection out of the pool and back in costs
 more than the statements of an admission on SQLite, and a pooled read costs
-an extra round trip on PostgreSQL; so a store keeps a few connections
-checked out (never detached: the pool counts them) and lends each to one
-locked transaction (writers) or one unlocked receipt read (readers) at a
-time.  Of a budget ``N``, ``N - 1`` may be kept (half writers, rounded up,
+an extra round trip on PostgreSQL; so the stores of an engine keep a few
+connections checked out (never detached: the pool counts them; one set per
+engine, :func:`kept_for`) and lend each to one locked transaction (writers)
+or one unlocked receipt read (readers) at a time, whatever thread or task
+asks: a pool of 32 threads shares them.  Of a budget ``N``, ``N - 1`` may be kept (half writers, rounded up,
 the rest readers: :func:`kept_shares`), so that at least one connection
 always goes round the pool.  When every kept one is lent, the work takes a
 pooled connection, waiting for one if the budget is spent.  No store code
@@ -26,9 +27,10 @@ Health: a kept connection is checked when it is taken, without a round
 trip (:func:`~admission.sql._health.connection_alive`: the socket of one the
 server ended reads as closed), and replaced if the server ended it.  A
 driver error that is a disconnect drops every idle kept connection at once
-(a new generation; lent ones are closed when given back): after a failover
-or a restart, one failed call per process is the most it costs, and the
-check usually makes it none.  The pool's checkouts get the same check (the
+(a new generation; lent ones are closed when given back), so stale
+connections cannot fail calls one after another: after a failover or a
+restart, at most the calls already in flight fail, and the check usually
+makes it none (``tests/integration/test_connection_health.py``).  The pool's checkouts get the same check (the
 engine's ``checkout`` event).
 
 A process that forked gets a new pool and its own connections; it never
