@@ -23,6 +23,8 @@ from admission.sql._audit import (
 )
 from admission.sql._connections import READ_CONNECTIONS, REPLAN_AFTER, WRITE_CONNECTIONS
 from admission.sql._engine import (
+    CONNECTIONS_PARAMETER,
+    DEFAULT_CONNECTIONS,
     DEFAULT_URL,
     SQLITE_BUSY_TIMEOUT_MS,
     as_utc,
@@ -80,7 +82,9 @@ __all__ = [
     "ADMISSION_TABLES",
     "ADOPTED_REVISION",
     "BRANCH_LABEL",
+    "CONNECTIONS_PARAMETER",
     "DEFAULT_AUDIT_BATCH",
+    "DEFAULT_CONNECTIONS",
     "DEFAULT_MAX_FINDINGS",
     "DEFAULT_URL",
     "FINDING_KINDS",

@@ -1,44 +1,76 @@
-"""The connections a SQL store keeps: per-thread (or lent) readers and a few kept writers.
+"""The connections a SQL store keeps, inside its connection budget.
 
-Checking a connection out of the engine's pool and back in costs more than
-the statements of an admission on SQLite, and a pooled read costs an extra
-round trip on PostgreSQL; these keep connections made by the pool (so its
-connect-time configuration applies) and detached from it.
+The budget: every connection a store holds in a process is checked out of
+its engine's pool, whose bound (``pool_size`` plus ``max_overflow``; for an
+engine admission makes, ``connections=N`` or ``?admission_connections=N``
+gives ``N`` and no overflow) is therefore the most the store ever holds,
+kept and pooled together.  A user-made engine keeps its own pool's bound.
+
+Kept connections: checking a connection out of the pool and back in costs
+more than the statements of an admission on SQLite, and a pooled read costs
+an extra round trip on PostgreSQL; so the stores of an engine keep a few
+connections checked out (never detached: the pool counts them; one set per
+engine, :func:`kept_for`) and lend each to one locked transaction (writers)
+or one unlocked receipt read (readers) at a time, whatever thread or task
+asks: a pool of 32 threads shares them.  Of a budget ``N``, ``N - 1`` may be kept (half writers, rounded up,
+the rest readers: :func:`kept_shares`), so that at least one connection
+always goes round the pool.  When every kept one is lent, the work takes a
+pooled connection, waiting for one if the budget is spent.  No store code
+holds a connection while it waits for another (a locked transaction runs on
+its one connection; a retry's read is made before the lock), so a wait
+always ends: the kept ones are given back when their work ends, and the one
+left to the pool always comes back.  A caller's own transaction that reads
+through the store while it is open holds two; the pool's timeout then ends
+the wait as a :class:`~admission.errors.StorageError`.
+
+Health: a kept connection is checked when it is taken, without a round
+trip (:func:`~admission.sql._health.connection_alive`: the socket of one the
+server ended reads as closed), and replaced if the server ended it.  A
+driver error that is a disconnect drops every idle kept connection at once
+(a new generation; lent ones are closed when given back), so stale
+connections cannot fail calls one after another: after a failover or a
+restart, at most the calls already in flight fail, and the check usually
+makes it none (``tests/integration/test_connection_health.py``).  The pool's checkouts get the same check (the
+engine's ``checkout`` event).
+
+A process that forked gets a new pool and its own connections; it never
+uses or closes its parent's, whose sockets it shares (they stay referenced,
+so collecting them never ends the parent's sessions).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
+from sqlalchemy.pool import NullPool, QueuePool
 
-from admission.errors import AdmissionError
-from admission.sql._engine import is_postgresql
+from admission.errors import AdmissionError, InputError
+from admission.sql._engine import DEFAULT_CONNECTIONS, is_postgresql, pause
+from admission.sql._greenlet import greenlets
+from admission.sql._health import is_disconnect, quiet, watch
 from admission.sql._pooler import pooler_of
+
+R = TypeVar("R")
 
 __all__ = [
     "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "USES",
     "WRITE_CONNECTIONS",
-    "LendingReaders",
-    "Readers",
-    "Writers",
+    "Kept",
+    "budget_of",
+    "kept_for",
+    "kept_shares",
     "replan_due",
 ]
 
-
-WRITE_CONNECTIONS: Final = 8
-"""Write connections a store keeps for its own locked transactions, per process (see :class:`Writers`)."""
-
-READ_CONNECTIONS: Final = 8
-"""Read connections a store over an asyncio engine keeps for the unlocked receipt read
-(see :class:`LendingReaders`)."""
 
 REPLAN_AFTER: Final = (100, 1_000, 10_000)
 """Uses of a connection after which its statements are planned anew (then every 10,000).
@@ -63,291 +95,372 @@ def replan_due(uses: int) -> bool:
     return uses in REPLAN_AFTER or uses % REPLAN_AFTER[-1] == 0
 
 
-class Readers:
-    """One autocommit driver connection per thread and process, for the unlocked receipt read.
+def budget_of(engine: Engine) -> int:
+    """The most connections a store on ``engine`` holds: its pool's bound.
 
-    A pooled connection would cost a checkout and, on return, a rollback: an
-    extra round trip per retry on PostgreSQL.  Each thread keeps its own
-    connection (a DBAPI connection is not safe to share between threads); a
-    process that forked gets new ones, and never closes or uses its parent's,
-    whose sockets it shares.  A connection that raised a driver error is
-    dropped and the next read opens a new one.
+    A :class:`~sqlalchemy.pool.QueuePool` holds ``pool_size`` plus
+    ``max_overflow`` (an unbounded overflow counts as
+    :data:`~admission.sql.DEFAULT_CONNECTIONS` more); a ``NullPool`` opens one
+    per checkout, so only the kept ones are bounded, by
+    :data:`~admission.sql.DEFAULT_CONNECTIONS`; a pool of one connection
+    (``StaticPool``, ``SingletonThreadPool``) keeps none.
+    """
+    pool = engine.pool
+    if isinstance(pool, QueuePool):
+        overflow: int = pool._max_overflow  # QueuePool offers no public accessor
+        return pool.size() + (overflow if overflow >= 0 else DEFAULT_CONNECTIONS)
+    if isinstance(pool, NullPool):
+        return DEFAULT_CONNECTIONS
+    return 1
+
+
+def kept_shares(budget: int) -> tuple[int, int]:
+    """``(writers, readers)`` kept of ``budget``: all but one, half writers rounded up."""
+    kept = max(budget - 1, 0)
+    writers = (kept + 1) // 2
+    return writers, kept - writers
+
+
+WRITE_CONNECTIONS: Final = kept_shares(DEFAULT_CONNECTIONS)[0]
+"""Write connections a store keeps at the default budget (4 of 8).  Kept for code that read it
+before the budget; the budget (``connections``) sets the number now: :func:`kept_shares`."""
+
+READ_CONNECTIONS: Final = kept_shares(DEFAULT_CONNECTIONS)[1]
+"""Read connections a store keeps at the default budget (3 of 8).  Kept for code that read it
+before the budget; the budget (``connections``) sets the number now: :func:`kept_shares`."""
+
+
+# The pool each engine's connections come from, per process: a forked child
+# gives the engine a new pool once and keeps the parent's referenced.
+_pools_mutex: Final = threading.Lock()
+_pool_pid: weakref.WeakKeyDictionary[Engine, int] = weakref.WeakKeyDictionary()
+_left_behind: Final[list[object]] = []
+
+
+def _own_pool(engine: Engine) -> None:
+    pid = os.getpid()
+    with _pools_mutex:
+        if _pool_pid.setdefault(engine, pid) == pid:
+            return
+        # SQLAlchemy's advice for a forked child: a new pool, the parent's
+        # connections neither used nor closed (kept referenced here).
+        _left_behind.append(engine.pool)
+        engine.dispose(close=False)
+        _pool_pid[engine] = pid
+
+
+class _Held:
+    """A kept connection: a read one (``proxy``, its driver ``connection`` in autocommit and its
+    ``cursor``) or a write one (``proxy`` is the SQLAlchemy ``Connection``), with the process and
+    the generation it belongs to."""
+
+    __slots__ = ("connection", "cursor", "generation", "pid", "poller", "proxy", "uses")
+
+    def __init__(self, proxy: Any, generation: int, dbapi_connection: Any, postgres: bool) -> None:
+        self.proxy = proxy
+        self.connection: Any = dbapi_connection
+        # PostgreSQL: the socket, watched for the server ending the session (SQLite: nothing to watch).
+        self.poller: Any = watch(dbapi_connection) if postgres else None
+        self.cursor: Any = None
+        self.uses = 0
+        self.generation = generation
+        self.pid = os.getpid()
+
+
+class _Kind:
+    """The kept connections of one kind (read or write): the idle ones and how many there are."""
+
+    __slots__ = ("cap", "count", "free")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.free: list[_Held] = []
+        self.count = 0  # kept by this process, idle or lent
+
+
+class Kept:
+    """The kept read and write connections of the stores on one engine, inside its budget
+    (one per engine: :func:`kept_for`).
+
+    Each call is given the engine to use: the engine itself, or the same
+    engine with admission's write option (one pool).  None is kept here, so
+    that an engine no store uses any more can be collected.  See the module
+    docstring.
     """
 
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._replan = pooler_of(engine) is None  # see REPLAN_AFTER
-        self._local = threading.local()
-        self._mutex = threading.Lock()
-        self._open: list[tuple[int, threading.Thread, Any]] = []
-        # Connections inherited through fork: kept referenced so that
-        # collecting them never closes the parent's session.
-        self._inherited: list[Any] = []
-
-    def cursor(self) -> Any:
-        """A cursor on this thread's connection, opened on first use."""
-        pid = os.getpid()
-        held = getattr(self._local, "held", None)
-        if held is not None and held[0] == pid:
-            held[3] += 1
-            if not (self._replan and replan_due(held[3])):
-                return held[2]
-            uses = held[3]
-            self.discard()  # replaced, so that its statements are planned again (REPLAN_AFTER)
-        else:
-            uses = 0
-        connection = self._connect()
-        cursor = connection.cursor()
-        self._local.held = [pid, connection, cursor, uses]
-        with self._mutex:
-            # A thread that ended (a server's pool retires idle threads) leaves
-            # its connection here: close those as new threads come.
-            ended = [(p, t, c) for p, t, c in self._open if p == pid and not t.is_alive()]
-            self._open = [entry for entry in self._open if entry not in ended]
-            self._open.append((pid, threading.current_thread(), connection))
-        for _, _, stale in ended:
-            with suppress(Exception):
-                stale.close()
-        return cursor
-
-    def _connect(self) -> Any:
-        return _autocommit(self._engine)
-
-    def discard(self) -> None:
-        """Drop this thread's connection after a driver error."""
-        held = getattr(self._local, "held", None)
-        self._local.held = None
-        if held is None or held[0] != os.getpid():
-            return
-        with self._mutex:
-            self._open = [entry for entry in self._open if entry[2] is not held[1]]
-        # It is being thrown away because it failed; closing may fail too.
-        with suppress(Exception):
-            held[1].close()
-
-    def close(self) -> None:
-        """Close every connection this process opened; other threads reopen on their next read."""
-        pid = os.getpid()
-        with self._mutex:
-            mine = [c for p, _, c in self._open if p == pid]
-            self._inherited.extend(c for p, _, c in self._open if p != pid)
-            self._open = []
-            self._local = threading.local()
-        for connection in mine:
-            with suppress(Exception):  # best effort: the connection may already be broken
-                connection.close()
-
-
-class LendingReaders:
-    """Autocommit driver connections lent to one unlocked receipt read at a time, for a store
-    over an asyncio engine.
-
-    :class:`Readers` keeps one connection per thread; on an event loop every
-    task runs on the loop's thread, so two reads awaiting at once would share
-    one connection and one cursor.  Here up to ``limit`` connections, made by
-    the pool (so its connect-time configuration applies) and detached from
-    it, are kept in a free list, and each read borrows one for its statement
-    only; when all are lent, a read takes a pooled connection, as
-    :class:`Writers` does.  The mutex guards the list only: it is never held
-    while a statement is awaited.  A connection whose read raised anything
-    (a driver error, a cancelled task) is closed; a forked process makes its
-    own and never uses or closes its parent's.
-    """
-
-    def __init__(self, engine: Engine, limit: int) -> None:
-        self._engine = engine
-        self._limit = limit
-        self._replan = pooler_of(engine) is None  # see REPLAN_AFTER
+        self._dialect = engine.dialect
+        self._postgres = is_postgresql(engine.dialect)
+        # Behind a transaction pooler nothing is prepared: no reader is replaced to plan again.
+        self._replan = pooler_of(engine) is None
+        writers, readers = kept_shares(budget_of(engine))
+        self.readers, self.writers = _Kind(readers), _Kind(writers)
         self._mutex = threading.Lock()
         self._pid = os.getpid()
-        # [connection, cursor, uses]
-        self._free: list[list[Any]] = []
-        self._kept = 0
-        # Connections inherited through fork: kept referenced so that
-        # collecting them never closes the parent's session.
-        self._inherited: list[list[Any]] = []
+        self._generation = 0
+        # Connections of a parent process: kept referenced, never closed here.
+        self._inherited: list[object] = []
+        # A SQLite writer on the event loop's thread (lock_wait="awaited") waits for another
+        # process's lock with the loop free, holding its connection: a pooled checkout that
+        # blocked the loop's thread would then never see it given back (see _wait_for_writer).
+        self._blocking_pool = not engine.dialect.is_async
+        _own_pool(engine)
 
-    def _take(self) -> list[Any] | None:
-        with self._mutex:
-            if self._pid != os.getpid():
-                self._inherited.extend(self._free)
-                self._free, self._kept, self._pid = [], 0, os.getpid()
-            if self._free:
-                return self._free.pop()
-            if self._kept >= self._limit:
-                return None
-            self._kept += 1
-        try:
-            connection = _autocommit(self._engine)
-        except BaseException:
-            with self._mutex:
-                self._kept -= 1
-            raise
-        return [connection, connection.cursor(), 0]
+    # -- bookkeeping ---------------------------------------------------------------------
 
-    def _drop(self, held: list[Any]) -> None:
-        with self._mutex:
-            mine = self._pid == os.getpid()
-            if mine:
-                self._kept -= 1
-        if mine:
-            with suppress(Exception):  # best effort: it may be the broken one
-                held[0].close()
-
-    @contextmanager
-    def lend(self) -> Iterator[tuple[Any, Any]]:
-        """A driver connection and its cursor for one read (a pooled one when all are lent)."""
-        held = self._take()
-        if held is None:
-            proxy = self._engine.raw_connection()
-            try:
-                yield proxy.dbapi_connection, proxy.cursor()
-            finally:
-                proxy.close()  # back to the pool, which rolls back what the read began
+    def _follow_fork(self, engine: Engine) -> None:
+        """Under the mutex: a forked process starts with nothing kept (and a pool of its own)."""
+        if self._pid == os.getpid():
             return
-        held[2] += 1
-        if self._replan and replan_due(held[2]):
-            # Replaced, so that its statements are planned again (REPLAN_AFTER).
-            uses = held[2]
-            self._drop(held)
-            with self._mutex:
-                self._kept += 1
-            try:
-                connection = _autocommit(self._engine)
-            except BaseException:
-                with self._mutex:
-                    self._kept -= 1
-                raise
-            held = [connection, connection.cursor(), uses]
-        try:
-            yield held[0], held[1]
-        except BaseException:
-            self._drop(held)
-            raise
+        for kind in (self.readers, self.writers):
+            self._inherited.extend(kind.free)
+            kind.free, kind.count = [], 0
+        self._generation += 1
+        self._pid = os.getpid()
+        _own_pool(engine)
+
+    def _take(self, kind: _Kind, engine: Engine) -> tuple[_Held | None, bool]:
+        """An idle kept connection (``(held, False)``), a place for a new one (``(None, True)``),
+        or nothing (``(None, False)``: every kept one is lent)."""
+        with self._mutex:
+            self._follow_fork(engine)
+            if kind.free:
+                return kind.free.pop(), False
+            if kind.count >= kind.cap:
+                return None, False
+            kind.count += 1
+            return None, True
+
+    def _give(self, kind: _Kind, held: _Held, sound: bool) -> bool:
+        """Give ``held`` back: kept if ``sound`` and current (``True``), else to be closed by the caller
+        (``False``; a parent's connection is only kept referenced, and ``True`` is returned)."""
+        with self._mutex:
+            if held.pid != os.getpid():
+                self._inherited.append(held)  # forked while it was lent: the parent's
+                return True
+            if sound and held.generation == self._generation and self._pid == held.pid:
+                kind.free.append(held)
+                return True
+            if self._pid == held.pid:
+                kind.count -= 1
+            return False
+
+    def _unplace(self, kind: _Kind) -> None:
+        """A place taken for a new connection that could not be made."""
         with self._mutex:
             if self._pid == os.getpid():
-                self._free.append(held)
-            else:
-                self._inherited.append(held)  # forked while it was lent: the parent's, never closed here
+                kind.count -= 1
 
-    def close(self) -> None:
-        """Close this process's free connections; lent ones are closed if their read fails."""
+    def _failed(self, error: BaseException, dbapi_connection: Any) -> None:
+        """After a driver error: a disconnect drops every idle kept connection (a new generation)."""
+        if is_disconnect(self._dialect, error, dbapi_connection):
+            self._drop_idle()
+
+    def _drop_idle(self) -> None:
         with self._mutex:
             if self._pid != os.getpid():
                 return
-            free, self._free = self._free, []
-            self._kept -= len(free)
-        for connection, _, _ in free:
-            with suppress(Exception):
-                connection.close()
+            idle = self.readers.free + self.writers.free
+            for kind in (self.readers, self.writers):
+                kind.count -= len(kind.free)
+                kind.free = []
+            self._generation += 1
+        for held in idle:
+            _invalidate(held.proxy)
 
+    # -- readers -------------------------------------------------------------------------
 
-def _autocommit(engine: Engine) -> Any:
-    # A connection made by the engine's pool, so that its connect-time
-    # configuration (SQLite pragmas, connect_args) applies, then detached
-    # from the pool for good.
-    proxy = engine.raw_connection()
-    proxy.detach()
-    connection: Any = proxy.dbapi_connection
-    if is_postgresql(engine.dialect):
-        connection.rollback()
-        connection.autocommit = True
-    # SQLite: the engine's connections already have isolation_level=None,
-    # so each SELECT is its own WAL read, without an explicit transaction.
-    return connection
-
-
-class Writers:
-    """Kept write connections for the store's own locked transactions.
-
-    Checking a connection out of the engine's pool and back in costs more
-    than the statements of an admission on SQLite (a new ``Connection``, the
-    pool's events, and a reset on return).  Instead, up to ``limit``
-    SQLAlchemy connections, made by the pool (so its connect-time
-    configuration applies) and detached from it, are kept in a free list and
-    lent to one transaction at a time; when all are lent, a transaction takes
-    a pooled connection as before, so at most ``limit`` connections are held
-    beyond the pool's own.  A connection is given back only after a
-    transaction that ended cleanly or with admission's own typed error; after
-    any other failure it is closed and a new one is made when needed.  A
-    forked process makes its own and never uses or closes its parent's.
-    """
-
-    def __init__(self, engine: Engine, limit: int) -> None:
-        self._engine = engine
-        self._limit = limit
-        self._mutex = threading.Lock()
-        self._pid = os.getpid()
-        self._free: list[Connection] = []
-        self._lent = 0
-        # Connections inherited through fork: kept referenced so that
-        # collecting them never closes the parent's session.
-        self._inherited: list[Connection] = []
-        self._generation = 0
-
-    def _take(self) -> tuple[Connection | None, int]:
-        with self._mutex:
-            if self._pid != os.getpid():
-                self._inherited.extend(self._free)
-                self._free, self._lent, self._pid = [], 0, os.getpid()
-                self._generation += 1
-            if self._free:
-                self._lent += 1
-                return self._free.pop(), self._generation
-            if self._lent >= self._limit:
-                return None, self._generation
-            self._lent += 1
-            generation = self._generation
+    def _new_reader(self, engine: Engine, uses: int) -> _Held:
         try:
-            connection = self._engine.connect()
-            connection.detach()
+            proxy = engine.raw_connection()
+            held = _Held(proxy, self._generation, proxy.dbapi_connection, self._postgres)
+            if self._postgres:
+                held.connection.rollback()
+                held.connection.autocommit = True
+            # SQLite: the engine's connections already have isolation_level=None,
+            # so each SELECT is its own WAL read, without an explicit transaction.
+            held.cursor = held.connection.cursor()
         except BaseException:
-            with self._mutex:
-                self._lent -= 1
+            self._unplace(self.readers)
             raise
-        return connection, generation
+        held.uses = uses
+        return held
 
-    def _give(self, connection: Connection, generation: int, healthy: bool) -> None:
-        with self._mutex:
-            mine = generation == self._generation and self._pid == os.getpid()
-            if mine:
-                self._lent -= 1
-                if healthy and not connection.invalidated and not connection.in_transaction():
-                    self._free.append(connection)
-                    return
-        if mine or self._pid == os.getpid():
-            with suppress(Exception):  # best effort: it may be the broken one
-                connection.close()
+    def read(self, engine: Engine, statements: Callable[[Any, Any], R]) -> R:
+        """``statements(connection, cursor)`` on a kept driver connection in autocommit (a pooled
+        one in a transaction when every kept reader is lent); its result."""
+        pid = os.getpid()
+        free = self.readers.free
+        try:
+            # The common case, without the mutex: an idle kept reader of this process (a list's
+            # pop is atomic); anything else takes the mutex below.
+            held = free.pop() if self._pid == pid else None
+        except IndexError:
+            held = None
+        place = False
+        if held is None:
+            held, place = self._take(self.readers, engine)
+            if held is None and not place:
+                return self._pooled_read(engine, statements)
+        if held is None:
+            held = self._new_reader(engine, 0)
+        else:
+            held.uses += 1
+            if (self._postgres and not quiet(held.poller, held.connection)) or (
+                self._replan and replan_due(held.uses)
+            ):
+                # Ended by the server (replaced before use), or due to be planned again (REPLAN_AFTER).
+                _invalidate(held.proxy)
+                held = self._new_reader(engine, held.uses)
+        try:
+            result = statements(held.connection, held.cursor)
+        except BaseException as exc:
+            # Any failure (a driver error, a cancelled task) closes it: its state is unknown.
+            if not self._give(self.readers, held, False):
+                _invalidate(held.proxy)
+            self._failed(exc, held.connection)
+            raise
+        if held.generation == self._generation and held.pid == pid:
+            # Given back without the mutex (an append is atomic): a drop or a close that raced
+            # with it leaves one connection of the older generation idle, still checked before use.
+            self.readers.free.append(held)
+        elif not self._give(self.readers, held, True):
+            _invalidate(held.proxy)
+        return result
+
+    def _pooled_read(self, engine: Engine, statements: Callable[[Any, Any], R]) -> R:
+        proxy = engine.raw_connection()
+        try:
+            return statements(proxy.dbapi_connection, proxy.cursor())
+        except BaseException as exc:
+            if is_disconnect(self._dialect, exc, proxy.dbapi_connection):
+                proxy.invalidate()  # not back to the pool: a lost connection cannot roll back
+                self._drop_idle()
+            raise
+        finally:
+            proxy.close()  # back to the pool, which rolls back what the read began
+
+    # -- writers -------------------------------------------------------------------------
+
+    def _writer(self, engine: Engine, write_engine: Engine) -> _Held | None:
+        held, place = self._take(self.writers, engine)
+        if held is None and not place:
+            return self._wait_for_writer(engine, write_engine)
+        return self._checked_writer(held, write_engine)
+
+    def _checked_writer(self, held: _Held | None, write_engine: Engine) -> _Held:
+        """``held`` if the server has not ended it, else (or for ``None``) a new kept writer."""
+        if held is not None:
+            if not self._postgres or quiet(held.poller, held.connection):
+                return held
+            _invalidate(held.proxy)  # ended by the server: replaced before use
+        try:
+            connection = write_engine.connect()
+            return _Held(connection, self._generation, connection.connection.dbapi_connection, self._postgres)
+        except BaseException:
+            self._unplace(self.writers)
+            raise
 
     @contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """A write transaction on a kept connection (or, when all are lent, a pooled one)."""
-        connection, generation = self._take()
-        if connection is None:
-            with self._engine.connect() as pooled, pooled.begin():
-                yield pooled
+    def transaction(self, engine: Engine, write_engine: Engine) -> Iterator[Connection]:
+        """A write transaction on ``write_engine`` (``engine`` with admission's write option), on
+        a kept connection (or, when all are lent, a pooled one)."""
+        held = self._writer(engine, write_engine)
+        if held is None:
+            with write_engine.connect() as pooled:
+                dbapi = pooled.connection.dbapi_connection
+                try:
+                    with pooled.begin():
+                        yield pooled
+                except BaseException as exc:
+                    self._failed(exc, dbapi)
+                    raise
             return
-        healthy = False
+        connection: Connection = held.proxy
+        dbapi = connection.connection.dbapi_connection
         try:
             with connection.begin():
                 yield connection
-            healthy = True
         except AdmissionError:
-            # Admission's own refusal was rolled back on a sound connection;
-            # driver errors reach here untranslated and close the connection.
-            healthy = True
+            # Admission's own refusal was rolled back on a sound connection.
+            self._give_writer(held)
             raise
-        finally:
-            self._give(connection, generation, healthy)
+        except BaseException as exc:
+            # Driver errors reach here untranslated: the connection is closed.
+            if not self._give(self.writers, held, False):
+                _invalidate(connection)
+            self._failed(exc, dbapi)
+            raise
+        self._give_writer(held)
+
+    def _give_writer(self, held: _Held) -> None:
+        connection: Connection = held.proxy
+        sound = not connection.invalidated and not connection.in_transaction()
+        if not self._give(self.writers, held, sound):
+            if sound:
+                with suppress(Exception):
+                    connection.close()  # sound, of an older generation: back to the pool
+            else:
+                _invalidate(connection)
+
+    def _wait_for_writer(self, engine: Engine, write_engine: Engine) -> _Held | None:
+        """Every kept writer is lent: on a blocking pool inside the event loop's greenlet, wait
+        for one to come back with the loop free (a pooled checkout would block the loop's thread
+        while the writers' holders wait on the loop); anywhere else ``None``: take a pooled one."""
+        if not self._blocking_pool or not self.writers.cap or not _in_greenlet():
+            return None
+        delay = 0.0005
+        while True:
+            pause(delay)
+            held, place = self._take(self.writers, engine)
+            if held is not None or place:
+                return self._checked_writer(held, write_engine)
+            delay = min(delay * 2, 0.02)
+
+    # -- closing -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close this process's free connections; lent ones are closed when given back."""
+        """Close this process's idle kept connections; lent ones are closed when given back."""
         with self._mutex:
             if self._pid != os.getpid():
                 return
-            free, self._free = self._free, []
-            self._lent = 0
+            readers, writers = self.readers.free, self.writers.free
+            for kind in (self.readers, self.writers):
+                kind.count -= len(kind.free)
+                kind.free = []
             self._generation += 1
-        for connection in free:
+        for held in readers:
+            _invalidate(held.proxy)
+        for held in writers:
             with suppress(Exception):
-                connection.close()
+                held.proxy.close()
+
+
+def _in_greenlet() -> bool:
+    try:
+        return bool(greenlets().in_greenlet())
+    except InputError:  # greenlet is not installed: nothing runs on an event loop's greenlet
+        return False
+
+
+_kept_mutex: Final = threading.Lock()
+_kept: weakref.WeakKeyDictionary[Engine, Kept] = weakref.WeakKeyDictionary()
+
+
+def kept_for(engine: Engine) -> Kept:
+    """The kept connections of ``engine``'s stores: one set per engine, so that two stores on one
+    engine share its budget instead of each keeping ``N - 1`` of the same ``N``."""
+    with _kept_mutex:
+        kept = _kept.get(engine)
+        if kept is None:
+            kept = _kept[engine] = Kept(engine)
+        return kept
+
+
+def _invalidate(connection: Any) -> None:
+    """Close a kept connection's driver connection and give its place back to the pool."""
+    # Best effort: it is thrown away because it failed, or is being replaced; closing may fail too.
+    with suppress(Exception):
+        connection.invalidate()
+    with suppress(Exception):
+        connection.close()

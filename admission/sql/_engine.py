@@ -26,15 +26,19 @@ from sqlalchemy import Dialect, Engine, Table, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
 from admission.sql._greenlet import greenlets, wait
+from admission.sql._health import checked_on_checkout
 from admission.sql._pooler import POOLER_HINT, POOLER_PARAMETER, apply_pooler
 from admission.sql._sqlite_file import DatabaseFileMovedError, FileGuard, guarded_connection
 
 __all__ = [
+    "CONNECTIONS_PARAMETER",
+    "DEFAULT_CONNECTIONS",
     "DEFAULT_URL",
     "SQLITE_BUSY_TIMEOUT_MS",
     "WRITE_OPTION",
@@ -48,6 +52,7 @@ __all__ = [
     "is_postgresql",
     "masked_url",
     "normalize_url",
+    "pause",
     "schema_of",
     "utc_or_none",
     "wrap_exceptions",
@@ -58,6 +63,14 @@ DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 """How long a SQLite writer waits for another's lock before it is refused as busy."""
+
+DEFAULT_CONNECTIONS: Final = 8
+"""The connection budget of a store's engine when none is given: the most connections one store
+holds in one process, kept and pooled together (``docs/operations.md``)."""
+
+CONNECTIONS_PARAMETER: Final = "admission_connections"
+"""The URL query parameter that sets the connection budget (``?admission_connections=4``); admission
+takes it out of the URL before the driver sees it, so the command line's ``--db`` can set it."""
 
 WRITE_OPTION: Final = "admission_write"
 """The execution option that marks admission's own write transactions (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -113,10 +126,27 @@ def create_admission_engine(
     *,
     schema: str | None = None,
     lock_wait: LockWait = "blocking",
+    connections: int | None = None,
     pooler: str | None = None,
     **kwargs: Any,
 ) -> Engine:
     """Create an engine configured as admission needs it.
+
+    ``connections`` (or the URL's ``?admission_connections=N``, taken out of
+    the URL before the driver sees it) is the connection budget: the engine's
+    pool holds at most that many connections (``pool_size=N``,
+    ``max_overflow=0``), and a store on the engine keeps its read and write
+    connections inside it, so one store never holds more than ``N``
+    connections in a process (default :data:`DEFAULT_CONNECTIONS`;
+    ``admission/sql/_connections.py``).  Anything but a positive integer,
+    or the budget given both ways, raises
+    :class:`~admission.errors.InputError` (``field`` ``connections``) before
+    anything is opened.  Without it, ``pool_size`` and ``max_overflow`` given
+    here are the pool's own bound.
+
+    On PostgreSQL every connection the pool hands out is first checked
+    without a round trip (its socket polled): one the server has ended
+    (a restart, a failover, a terminated session) is replaced, not used.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
     timeout, pooled connections, and admission's write transactions opened
@@ -161,7 +191,7 @@ def create_admission_engine(
         raise InputError("must be blocking or awaited", field="lock_wait")
     if lock_wait == "awaited":
         kwargs[_AWAITED_LOCK] = True
-    engine = _admission_engine(url, schema, kwargs, pooler)
+    engine = _admission_engine(url, schema, connections, kwargs, pooler)
     # An asyncio driver's URL: the synchronous face of its engine, for code run by admission.aio.run_sync.
     return engine.sync_engine if isinstance(engine, AsyncEngine) else engine
 
@@ -201,25 +231,36 @@ def async_url(url: str) -> str:
 
 
 def create_async_admission_engine(
-    url: str, *, schema: str | None = None, pooler: str | None = None, **kwargs: Any
+    url: str,
+    *,
+    schema: str | None = None,
+    connections: int | None = None,
+    pooler: str | None = None,
+    **kwargs: Any,
 ) -> AsyncEngine:
     """Create an :class:`~sqlalchemy.ext.asyncio.AsyncEngine` configured as admission needs it.
 
     The same engine as :func:`create_admission_engine` (the same URL checks
-    and errors, ``schema``, ``pooler``, SQLite pragmas, ``BEGIN IMMEDIATE`` for
+    and errors, ``schema``, the connection budget ``connections``, ``pooler``, SQLite pragmas,
+    ``BEGIN IMMEDIATE`` for
     admission's writes, the SQLite file guard), on the database's asyncio
     driver (:func:`async_url`): aiosqlite or psycopg's ``AsyncConnection``.
     Its ``sync_engine`` is what admission's stores run on, inside
     :func:`admission.aio.run_sync` (``docs/async.md``).  Needs
     ``admission[asyncio]``.
     """
-    engine = _admission_engine(async_url(url), schema, kwargs, pooler)
+    engine = _admission_engine(async_url(url), schema, connections, kwargs, pooler)
     assert isinstance(engine, AsyncEngine)  # async_url named an asyncio driver
     return engine
 
 
 def create_awaited_engine(
-    url: str, *, schema: str | None = None, pooler: str | None = None, **kwargs: Any
+    url: str,
+    *,
+    schema: str | None = None,
+    connections: int | None = None,
+    pooler: str | None = None,
+    **kwargs: Any,
 ) -> Engine:
     """The engine admission's async stores run on, inside :func:`admission.aio.run_sync` (``docs/async.md``).
 
@@ -231,19 +272,28 @@ def create_awaited_engine(
     fsync runs on the loop's thread.  A URL naming an asyncio driver
     (``sqlite+aiosqlite``), and PostgreSQL (psycopg's ``AsyncConnection``):
     the ``sync_engine`` of :func:`create_async_admission_engine`, every
-    statement awaited.
+    statement awaited.  ``connections`` is the budget, as for
+    :func:`create_admission_engine`.
     """
     try:
         parsed = make_url(normalize_url(url))
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
     if parsed.get_backend_name() == "sqlite" and not _is_async(url):
-        return create_admission_engine(url, schema=schema, lock_wait="awaited", pooler=pooler, **kwargs)
-    return create_async_admission_engine(url, schema=schema, pooler=pooler, **kwargs).sync_engine
+        return create_admission_engine(
+            url, schema=schema, lock_wait="awaited", connections=connections, pooler=pooler, **kwargs
+        )
+    return create_async_admission_engine(
+        url, schema=schema, connections=connections, pooler=pooler, **kwargs
+    ).sync_engine
 
 
 def _admission_engine(
-    url: str, schema: str | None, kwargs: dict[str, Any], pooler: str | None = None
+    url: str,
+    schema: str | None,
+    connections: int | None,
+    kwargs: dict[str, Any],
+    pooler: str | None = None,
 ) -> Engine | AsyncEngine:
     try:
         parsed = make_url(normalize_url(url))
@@ -253,6 +303,12 @@ def _admission_engine(
     if pooler is not None or POOLER_PARAMETER in parsed.query:
         parsed = apply_pooler(parsed, pooler, schema, kwargs)
         url = parsed.render_as_string(hide_password=False)
+    budget = _budget(parsed, connections, kwargs)
+    if CONNECTIONS_PARAMETER in parsed.query:
+        parsed = parsed.difference_update_query([CONNECTIONS_PARAMETER])
+        url = parsed.render_as_string(hide_password=False)
+    if budget is not None:
+        kwargs["pool_size"], kwargs["max_overflow"] = budget, 0
     if schema is not None:
         _check_schema(schema, parsed)
         connect_args = dict(kwargs.pop("connect_args", {}))
@@ -270,6 +326,38 @@ def _admission_engine(
         raise InputError(f"the database driver is not installed: {exc}{extra}", field="url") from exc
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
+
+
+_NOT_A_BUDGET: Final = (
+    f"the connection budget (connections, ?{CONNECTIONS_PARAMETER}=) must be a positive integer"
+)
+
+
+def _budget(url: URL, keyword: object, kwargs: Mapping[str, Any]) -> int | None:
+    """The connection budget from the keyword or the URL (checked), ``None`` when the caller
+    bounds the pool itself (``pool_size``, ``max_overflow``, ``poolclass``)."""
+    given = url.query.get(CONNECTIONS_PARAMETER)
+    if keyword is not None and given is not None:
+        raise InputError(
+            f"give the connection budget once: connections= or ?{CONNECTIONS_PARAMETER}=", field="connections"
+        )
+    if given is not None:
+        text = given if isinstance(given, str) else ",".join(given)
+        if not text.isdecimal() or not text.isascii():
+            raise InputError(_NOT_A_BUDGET, field="connections")
+        keyword = int(text)
+    if keyword is None:
+        if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
+            return None
+        return DEFAULT_CONNECTIONS
+    if not isinstance(keyword, int) or isinstance(keyword, bool) or keyword < 1:
+        raise InputError(_NOT_A_BUDGET, field="connections")
+    if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
+        raise InputError(
+            "give the connection budget once: connections=, or the pool's own pool_size and max_overflow",
+            field="connections",
+        )
+    return keyword
 
 
 def _is_async(url: str) -> bool:
@@ -302,7 +390,7 @@ _AWAITED_LOCK: Final = "admission_awaited_lock"
 """The key that carries ``lock_wait="awaited"`` to :func:`_configured_engine`."""
 
 
-def _pause(seconds: float) -> None:
+def pause(seconds: float) -> None:
     """Sleep: awaited on the loop inside a greenlet, so other tasks run; else on this thread."""
     concurrency = greenlets()
     if concurrency.in_greenlet():
@@ -312,7 +400,7 @@ def _pause(seconds: float) -> None:
 
 
 def _begin_immediate_awaited(dbapi_connection: Any) -> None:
-    """``BEGIN IMMEDIATE`` that waits for another writer with :func:`_pause`, never in SQLite.
+    """``BEGIN IMMEDIATE`` that waits for another writer with :func:`pause`, never in SQLite.
 
     SQLite's busy handler sleeps in the driver call, holding the event loop for
     as long as another process writes; with the handler off for this one
@@ -329,7 +417,7 @@ def _begin_immediate_awaited(dbapi_connection: Any) -> None:
                 busy = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
                 if not busy or time.monotonic() >= deadline:
                     raise
-            _pause(delay)
+            pause(delay)
             delay = min(delay * 2, 0.05)
     finally:
         # Every other statement keeps the busy handler (a reader meets a lock only in rare moments).
@@ -345,8 +433,12 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
     # driver through SQLAlchemy's adapter (docs/async.md).
     create: Callable[..., Engine | AsyncEngine] = create_async_engine if _is_async(url) else create_engine
     if make_url(url).get_backend_name() != "sqlite":
+        # A zero-round-trip check on checkout instead of pre-ping's round trip (connection_alive).
         kwargs.setdefault("pool_pre_ping", False)
-        return create(url, **kwargs)
+        made_pg = create(url, **kwargs)
+        pooled = made_pg.sync_engine if isinstance(made_pg, AsyncEngine) else made_pg
+        event.listen(pooled, "checkout", checked_on_checkout)
+        return made_pg
     if make_url(url).database in (None, "", ":memory:"):
         raise StorageError("an in-memory SQLite database cannot be shared between connections; use a file")
     # aiosqlite hands these, and the guard's factory, to sqlite3.connect in its own thread.
@@ -482,6 +574,11 @@ def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Itera
     dbapi = dialect.loaded_dbapi
     try:
         yield
+    except PoolTimeoutError as exc:
+        # Every connection of the budget stayed in use for the pool's whole timeout.
+        raise StorageError(
+            "no connection of the store's budget came free in time (admission_connections)"
+        ) from exc
     except DBAPIError as exc:
         raise _translate(exc.orig or exc, dbapi, refusals) from exc
     except dbapi.Error as exc:

@@ -35,15 +35,7 @@ from admission.receipts._store import (
     UpdateRow,
 )
 from admission.sql._caller import caller_connection, join_transaction
-from admission.sql._connections import (
-    READ_CONNECTIONS,
-    USES,
-    WRITE_CONNECTIONS,
-    LendingReaders,
-    Readers,
-    Writers,
-    replan_due,
-)
+from admission.sql._connections import USES, budget_of, kept_for, replan_due
 from admission.sql._engine import (
     DEFAULT_URL,
     WRITE_OPTION,
@@ -295,12 +287,8 @@ class SqlStore:
         self._raw = ReceiptStatements(engine.dialect)
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
-        # On an asyncio engine (the sync_engine of admission.aio.open_store) every task runs on
-        # the loop's thread: reads borrow a connection instead of keeping one per thread.
-        self._lending = LendingReaders(engine, READ_CONNECTIONS) if engine.dialect.is_async else None
-        self._readers = Readers(engine)
-        self._writers = Writers(self._write_engine, WRITE_CONNECTIONS)
-        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        # The kept read and write connections, inside the engine's connection budget.
+        self._kept = kept_for(engine)
         # psycopg's pipeline mode needs libpq 14 or later; without it the lock
         # and the lookup take a round trip each.  SQLAlchemy's adapter of
         # psycopg's AsyncConnection has no pipeline(): on an asyncio engine the
@@ -314,15 +302,20 @@ class SqlStore:
 
     @classmethod
     def open(cls, url: str = DEFAULT_URL, **engine_options: Any) -> SqlStore:
-        """Create an engine for ``url`` and open the store on it."""
+        """Create an engine for ``url`` (options as for
+        :func:`~admission.sql.create_admission_engine`, ``connections=N`` the budget) and open the
+        store on it."""
         return cls(create_admission_engine(url, **engine_options))
+
+    @property
+    def connections(self) -> int:
+        """The store's connection budget: the most connections it holds in this process (its
+        engine's pool bound; ``admission/sql/_connections.py``)."""
+        return budget_of(self.engine)
 
     def dispose(self) -> None:
         """Close the engine's pooled connections and this process's kept read and write connections."""
-        self._readers.close()
-        if self._lending is not None:
-            self._lending.close()
-        self._writers.close()
+        self._kept.close()
         self.engine.dispose()
 
     @property
@@ -430,7 +423,7 @@ class SqlStore:
                 join_transaction(connection)
                 yield self._lock(connection, namespace, workflow_id, created_at, new_id)
             return
-        with self._translate(), self._writers.transaction() as conn:
+        with self._translate(), self._kept.transaction(self.engine, self._write_engine) as conn:
             yield self._lock(conn, namespace, workflow_id, created_at, new_id)
 
     def locked(
@@ -484,17 +477,10 @@ class SqlStore:
         }
         found: list[tuple[CommandRow, UpdateRow | None]]
         with self._translate():
-            if self._lending is not None:
-                with self._lending.lend() as (connection, cursor):
-                    found = self._receipts_on(connection, cursor, command_type, params)
-            else:
-                try:
-                    cursor = self._readers.cursor()
-                    found = self._receipts_on(cursor.connection, cursor, command_type, params)
-                except self._dbapi_error:
-                    # A connection that failed is not read from again.
-                    self._readers.discard()
-                    raise
+            found = self._kept.read(
+                self.engine,
+                lambda connection, cursor: self._receipts_on(connection, cursor, command_type, params),
+            )
         return receipt_order(found) if len(found) > 1 else found
 
     def _receipts_on(

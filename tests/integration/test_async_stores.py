@@ -40,7 +40,7 @@ from admission.sql import (
     create_admission_engine,
     create_async_admission_engine,
 )
-from admission.sql._connections import READ_CONNECTIONS, REPLAN_AFTER
+from admission.sql._connections import REPLAN_AFTER
 from admission.worker import Scope, record_outbox
 from tests.support.backends import SQL_BACKENDS, sqlite_url
 
@@ -84,13 +84,13 @@ def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answe
                 history = await service.history(NS, wf)
                 mine = {command for _, w, command in answers if w == wf}
                 assert {e.command_id for e in history if e.command_id is not None} == mine
-            lending = store.sync._lending  # type: ignore[attr-defined]
+            readers = store.sync._kept.readers  # type: ignore[attr-defined]
             if not store.sync.engine.dialect.is_async:  # type: ignore[attr-defined]
                 # sqlite3 on the loop's thread: a read never yields, so one connection serves all.
-                assert lending is None
+                assert readers.count == 1
                 return
             # The reads overlapped (more than one connection was lent at once), within the bound.
-            assert 2 <= lending._kept <= READ_CONNECTIONS
+            assert 2 <= readers.count <= readers.cap
             # One task reading on and on (on a store of its own, whose reads all take one
             # connection): that connection is replaced when its statements are due to be planned
             # again (REPLAN_AFTER), and the answers stay right.
@@ -103,9 +103,9 @@ def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answe
                     found = await reading.receipt(NS, WORKFLOWS[n % TASKS % len(WORKFLOWS)], kind, key)
                     assert found is not None and found.command_id == answers[n % TASKS][2]
                     if n == 0:
-                        first = [held[0] for held in reader.sync._lending._free]  # type: ignore[attr-defined]
-                [held] = reader.sync._lending._free  # type: ignore[attr-defined]
-                assert len(first) == 1 and held[0] is not first[0]
+                        first = [held.connection for held in reader.sync._kept.readers.free]  # type: ignore[attr-defined]
+                [held] = reader.sync._kept.readers.free  # type: ignore[attr-defined]
+                assert len(first) == 1 and held.connection is not first[0]
             finally:
                 await reader.dispose()
         finally:

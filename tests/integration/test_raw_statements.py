@@ -1,7 +1,7 @@
 """The hot path's driver-level statements: stored exactly as Core stores, read back the same.
 
 ``admission.sql`` runs its hot statements on the DBAPI cursor (``RawStatement``) and
-answers retries from a per-thread autocommit connection (``_Readers``).  These
+answers retries from kept autocommit connections (``Kept.read``).  These
 tests hold them to what SQLAlchemy Core would do: every column written raw is
 stored byte for byte like the same value written through Core, rows read raw
 convert to the same values, and the read connections survive a fork, a
@@ -188,12 +188,22 @@ def test_receipts_read_on_the_driver_equal_what_core_reads(
 
 
 def _reader_backend_pid(store: SqlStore) -> Any:
-    cursor = store._readers.cursor()  # type: ignore[attr-defined]
-    cursor.execute("SELECT pg_backend_pid()" if store.postgres else "SELECT 1")
-    return cursor.fetchall()[0][0]
+    def backend(_connection: Any, cursor: Any) -> Any:
+        cursor.execute("SELECT pg_backend_pid()" if store.postgres else "SELECT 1")
+        return cursor.fetchall()[0][0]
+
+    return store._kept.read(store.engine, backend)  # type: ignore[attr-defined]
 
 
-def test_a_broken_read_connection_fails_one_read_as_a_storage_error_and_is_replaced(db_url: str) -> None:
+def _kept_reader(store: SqlStore) -> Any:
+    """The driver connection of the store's one idle kept reader."""
+    (held,) = store._kept.readers.free  # type: ignore[attr-defined]
+    return held.connection
+
+
+def test_a_read_connection_the_server_ended_is_replaced_before_use_and_a_broken_one_fails_one_read(
+    db_url: str,
+) -> None:
     store = SqlStore.open(db_url)
     try:
         service, workflow, _ = _new_instance(store)
@@ -201,30 +211,31 @@ def test_a_broken_read_connection_fails_one_read_as_a_storage_error_and_is_repla
         keys = [receipt_token("signal", "k"), "k"]
         assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
         if store.postgres:
+            # The server ends the session: the kept reader's socket says so, and it is
+            # replaced before the next read, which never fails (no round trip spent to learn it).
             pid = _reader_backend_pid(store)
             with store.engine.connect() as conn:
                 assert conn.execute(text("SELECT pg_terminate_backend(:p, 30000)"), {"p": pid}).scalar_one()
+            assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
+            assert _reader_backend_pid(store) != pid
         else:
-            store._readers._local.held[1].close()  # type: ignore[attr-defined]
-        failed = None
-        try:
-            store.read_receipts("raw", workflow, "signal", keys)
-        except StorageError as exc:
-            failed = exc
-        assert failed is not None and failed.__cause__ is not None
+            # A connection closed under the store (nothing a check could see first) fails one read.
+            _kept_reader(store).close()
+            with pytest.raises(StorageError) as failed:
+                store.read_receipts("raw", workflow, "signal", keys)
+            assert failed.value.__cause__ is not None
         assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
         assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
     finally:
         store.dispose()
 
 
-def test_each_thread_reads_on_its_own_connection(db_url: str) -> None:
+def test_threads_read_on_lent_connections_and_keep_no_more_than_the_readers_share(db_url: str) -> None:
     store = SqlStore.open(db_url)
     try:
         service, workflow, _ = _new_instance(store)
         for i in range(4):
             service.admit_signal("raw", workflow, "n", ARGS, request_id=f"k{i}")
-        cursors: list[Any] = []
         errors: list[BaseException] = []
 
         def read(i: int) -> None:
@@ -232,17 +243,18 @@ def test_each_thread_reads_on_its_own_connection(db_url: str) -> None:
                 for _ in range(50):
                     found = store.read_receipts("raw", workflow, "signal", [receipt_token("signal", f"k{i}")])
                     assert [row.request_id for row, _ in found] == [receipt_token("signal", f"k{i}")]
-                cursors.append(store._readers.cursor())  # type: ignore[attr-defined]
             except BaseException as exc:  # reported below, in the test's thread
                 errors.append(exc)
 
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+        threads = [threading.Thread(target=read, args=(i % 4,)) for i in range(12)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(60)
         assert errors == []
-        assert len({id(c.connection) for c in cursors}) == 4
+        readers = store._kept.readers  # type: ignore[attr-defined]
+        assert 1 <= readers.count == len(readers.free) <= readers.cap
+        assert len({id(held.connection) for held in readers.free}) == len(readers.free)
     finally:
         store.dispose()
 
@@ -318,7 +330,7 @@ def test_a_read_connection_is_replaced_after_its_quota_of_reads_and_the_old_one_
         for _ in range(7):
             (found,) = store.read_receipts("raw", workflow, "signal", keys)
             assert found[0].request_id == keys[0]
-            connections.append(store._readers._local.held[1])  # type: ignore[attr-defined]
+            connections.append(_kept_reader(store))
         # Each connection serves at most 3 reads (the admission's own read
         # counts too), in one run, and is closed once replaced.
         runs = [list(group) for _, group in itertools.groupby(connections, key=id)]
@@ -508,8 +520,8 @@ def _connects(store: SqlStore) -> list[int]:
 
 
 def _kept_backend(store: SqlStore) -> Any:
-    (kept,) = store._writers._free  # type: ignore[attr-defined]
-    dbapi = kept.connection.dbapi_connection
+    (held,) = store._kept.writers.free  # type: ignore[attr-defined]
+    dbapi = held.proxy.connection.dbapi_connection
     if not store.postgres:
         return dbapi
     return dbapi.info.backend_pid
@@ -526,29 +538,35 @@ def test_locked_transactions_reuse_a_kept_connection(db_url: str) -> None:
             assert answer.decision is Decision.FRESH
             service.admit_update("raw", workflow, "u", ARGS, request_id=f"u{i}")
         assert made[0] == 0
-        assert len(store._writers._free) == 1  # type: ignore[attr-defined]
+        assert len(store._kept.writers.free) == 1  # type: ignore[attr-defined]
     finally:
         store.dispose()
 
 
-def test_a_broken_kept_write_connection_fails_one_admission_and_is_replaced(db_url: str) -> None:
+def test_a_kept_write_connection_the_server_ended_is_replaced_and_a_broken_one_fails_one_admission(
+    db_url: str,
+) -> None:
     store = SqlStore.open(db_url)
     try:
         service, workflow, _ = _new_instance(store)
         service.admit_signal("raw", workflow, "n", ARGS)
         broken = _kept_backend(store)
         if store.postgres:
+            # Ended by the server: seen on its socket before use, replaced, and nothing fails.
             with store.engine.connect() as conn:
                 terminate = text("SELECT pg_terminate_backend(:p, 30000)")
                 assert conn.execute(terminate, {"p": broken}).scalar_one()
+            assert service.admit_signal("raw", workflow, "n", ARGS).decision is Decision.FRESH
+            signals = 3
         else:
             broken.close()
-        with pytest.raises(StorageError):
-            service.admit_signal("raw", workflow, "n", ARGS)  # unkeyed: straight to the lock
-        assert store._writers._free == []  # type: ignore[attr-defined]
+            with pytest.raises(StorageError):
+                service.admit_signal("raw", workflow, "n", ARGS)  # unkeyed: straight to the lock
+            assert store._kept.writers.free == []  # type: ignore[attr-defined]
+            signals = 2
         assert service.admit_signal("raw", workflow, "n", ARGS).decision is Decision.FRESH
         assert _kept_backend(store) != broken
-        assert len(store.read_history(first_instance(store, workflow))) == 1 + 2  # run start, two signals
+        assert len(store.read_history(first_instance(store, workflow))) == 1 + signals
     finally:
         store.dispose()
 
@@ -557,7 +575,8 @@ def test_more_threads_than_kept_connections_all_admit_and_no_more_are_kept(db_ur
     store = SqlStore.open(db_url)
     try:
         service = AdmissionService(store)
-        workflows = [f"wf-{uuid.uuid4()}" for _ in range(admission.sql.WRITE_CONNECTIONS + 4)]
+        writers = store._kept.writers  # type: ignore[attr-defined]
+        workflows = [f"wf-{uuid.uuid4()}" for _ in range(writers.cap + 4)]
         for workflow in workflows:
             service.start_run("raw", workflow)
         errors: list[BaseException] = []
@@ -578,9 +597,7 @@ def test_more_threads_than_kept_connections_all_admit_and_no_more_are_kept(db_ur
             thread.join(120)
         assert errors == []
         assert decisions == [Decision.FRESH] * (10 * len(workflows))
-        kept = store._writers._free  # type: ignore[attr-defined]
-        assert 1 <= len(kept) <= admission.sql.WRITE_CONNECTIONS
-        assert store._writers._lent == 0  # type: ignore[attr-defined]
+        assert 1 <= len(writers.free) == writers.count <= writers.cap
     finally:
         store.dispose()
 
@@ -617,33 +634,6 @@ def test_dispose_closes_the_kept_write_connections(db_url: str) -> None:
     store = SqlStore.open(db_url)
     service, workflow, _ = _new_instance(store)
     service.admit_signal("raw", workflow, "n", ARGS)
-    (kept,) = store._writers._free  # type: ignore[attr-defined]
+    (held,) = store._kept.writers.free  # type: ignore[attr-defined]
     store.dispose()
-    assert kept.closed and store._writers._free == []  # type: ignore[attr-defined]
-
-
-def test_the_read_connection_of_a_thread_that_ended_is_closed_when_another_thread_reads(db_url: str) -> None:
-    store = SqlStore.open(db_url)
-    try:
-        service, workflow, _ = _new_instance(store)
-        service.admit_signal("raw", workflow, "n", ARGS, request_id="k")
-        keys = [receipt_token("signal", "k"), "k"]
-        seen: list[Any] = []
-
-        def read() -> None:
-            assert len(store.read_receipts("raw", workflow, "signal", keys)) == 1
-            seen.append(store._readers._local.held[1])  # type: ignore[attr-defined]
-
-        for _ in range(3):  # threads that read once and end, as a server's idle threads do
-            thread = threading.Thread(target=read)
-            thread.start()
-            thread.join(60)
-        first, second, third = seen
-        assert len({id(first), id(second), id(third)}) == 3
-        for ended in (first, second):
-            with pytest.raises(Exception, match="closed"):
-                ended.cursor().execute("SELECT 1")
-        third.cursor().execute("SELECT 1")  # the newest thread's connection stays open until dispose
-        assert len(store._readers._open) == 2  # type: ignore[attr-defined]  # this thread and the newest
-    finally:
-        store.dispose()
+    assert held.proxy.closed and store._kept.writers.free == []  # type: ignore[attr-defined]

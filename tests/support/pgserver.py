@@ -659,9 +659,9 @@ class PostgresServer:
             raise PostgresError(f"initdb exited {res.returncode}:\n{self._tail('initdb.log')}")
         self.initdb_seconds = time.monotonic() - t
 
-    def _launch(self, bindir: Path, t0: float) -> None:
+    def _launch(self, bindir: Path, t0: float, port: int | None = None) -> None:
         for _attempt in range(5):
-            self.port = free_port(self.host)
+            self.port = port or free_port(self.host)
             cmd = [str(bindir / "postgres"), "-D", str(self.datadir), "-p", str(self.port)]
             conf = {
                 "listen_addresses": self.host,
@@ -726,6 +726,16 @@ class PostgresServer:
             with contextlib.suppress(OSError):
                 self._watchdog.stdin.write(line + "\n")
                 self._watchdog.stdin.flush()
+
+    def restart(self) -> None:
+        """Immediate shutdown (SIGQUIT: every session ends at once, as in a crash) and a start
+        again on the same port and data directory (crash recovery, then ready)."""
+        proc = self._proc
+        if proc is None or self._stopped:
+            raise PostgresError("server not started")
+        proc.send_signal(signal.SIGQUIT)
+        proc.wait(timeout=30)
+        self._launch(self.bindir, time.monotonic(), port=self.port)
 
     def stop(self) -> None:
         """Immediate shutdown (SIGQUIT, then SIGKILL), and remove the directory.  Idempotent."""
