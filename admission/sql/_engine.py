@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from admission import telemetry
 from admission.errors import AdmissionError, InputError, StorageError
+from admission.sql._budget import CONNECTIONS_PARAMETER, DEFAULT_CONNECTIONS, apply_budget
 from admission.sql._greenlet import greenlets, wait
 from admission.sql._health import checked_on_checkout
 from admission.sql._pooler import POOLER_HINT, POOLER_PARAMETER, apply_pooler
@@ -63,14 +64,6 @@ DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 """How long a SQLite writer waits for another's lock before it is refused as busy."""
-
-DEFAULT_CONNECTIONS: Final = 8
-"""The connection budget of a store's engine when none is given: the most connections one store
-holds in one process, kept and pooled together (``docs/operations.md``)."""
-
-CONNECTIONS_PARAMETER: Final = "admission_connections"
-"""The URL query parameter that sets the connection budget (``?admission_connections=4``); admission
-takes it out of the URL before the driver sees it, so the command line's ``--db`` can set it."""
 
 WRITE_OPTION: Final = "admission_write"
 """The execution option that marks admission's own write transactions (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -303,12 +296,8 @@ def _admission_engine(
     if pooler is not None or POOLER_PARAMETER in parsed.query:
         parsed = apply_pooler(parsed, pooler, schema, kwargs)
         url = parsed.render_as_string(hide_password=False)
-    budget = _budget(parsed, connections, kwargs)
-    if CONNECTIONS_PARAMETER in parsed.query:
-        parsed = parsed.difference_update_query([CONNECTIONS_PARAMETER])
-        url = parsed.render_as_string(hide_password=False)
-    if budget is not None:
-        kwargs["pool_size"], kwargs["max_overflow"] = budget, 0
+    parsed = apply_budget(parsed, connections, kwargs)
+    url = parsed.render_as_string(hide_password=False)
     if schema is not None:
         _check_schema(schema, parsed)
         connect_args = dict(kwargs.pop("connect_args", {}))
@@ -326,38 +315,6 @@ def _admission_engine(
         raise InputError(f"the database driver is not installed: {exc}{extra}", field="url") from exc
     except (ArgumentError, ValueError) as exc:
         raise InputError(f"the database URL cannot be used: {exc}", field="url") from exc
-
-
-_NOT_A_BUDGET: Final = (
-    f"the connection budget (connections, ?{CONNECTIONS_PARAMETER}=) must be a positive integer"
-)
-
-
-def _budget(url: URL, keyword: object, kwargs: Mapping[str, Any]) -> int | None:
-    """The connection budget from the keyword or the URL (checked), ``None`` when the caller
-    bounds the pool itself (``pool_size``, ``max_overflow``, ``poolclass``)."""
-    given = url.query.get(CONNECTIONS_PARAMETER)
-    if keyword is not None and given is not None:
-        raise InputError(
-            f"give the connection budget once: connections= or ?{CONNECTIONS_PARAMETER}=", field="connections"
-        )
-    if given is not None:
-        text = given if isinstance(given, str) else ",".join(given)
-        if not text.isdecimal() or not text.isascii():
-            raise InputError(_NOT_A_BUDGET, field="connections")
-        keyword = int(text)
-    if keyword is None:
-        if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
-            return None
-        return DEFAULT_CONNECTIONS
-    if not isinstance(keyword, int) or isinstance(keyword, bool) or keyword < 1:
-        raise InputError(_NOT_A_BUDGET, field="connections")
-    if {"pool_size", "max_overflow", "poolclass"} & kwargs.keys():
-        raise InputError(
-            "give the connection budget once: connections=, or the pool's own pool_size and max_overflow",
-            field="connections",
-        )
-    return keyword
 
 
 def _is_async(url: str) -> bool:
