@@ -55,7 +55,7 @@ REPLICA_CONNECT_TIMEOUT: Final = 2
 """PostgreSQL's ``connect_timeout`` (seconds) for a read URL that names none: an unreachable
 replica costs at most this, once per :data:`REPLICA_RETRY_SECONDS`."""
 
-_log: Final = telemetry.logger("sql.replica")
+_log: Final = telemetry.logger("sql")
 
 _OPEN: Final = str(RunStatus.OPEN)
 
