@@ -406,3 +406,47 @@ def test_a_read_url_that_cannot_be_used_is_refused_naming_read_url(
         with pytest.raises(InputError) as refused:
             SqlStore(create_admission_engine(databases.primary), read_engine=other)
         assert refused.value.field == "read_engine"
+
+
+def test_serve_takes_its_replica_from_the_environment_and_answers_a_retry_as_the_primary(
+    tmp_path: Path,
+) -> None:
+    """The command line's wiring (the library's routing is the tests' above): on SQLite only."""
+    import httpx
+
+    from tests.support.backends import sqlite_url
+
+    from tests.integration.test_http import NS as HTTP_NS
+    from tests.integration.test_http import json_input, serving
+
+    databases = Databases(sqlite_url(tmp_path), sqlite_url(tmp_path))
+    primary = SqlStore.open(databases.primary)
+    service = AdmissionService(primary)
+    service.start_run(HTTP_NS, "wf-1")
+    body = {"request_id": "u-1", "input": json_input({"amount": 5})}
+    try:
+        with serving(databases.primary) as (base, announced), httpx.Client(base_url=base) as http:
+            assert announced["read_database"] is None
+            first = http.post(
+                "/api/workflows/wf-1/update/approve", json=body, headers={"X-Namespace": HTTP_NS}
+            )
+            accepted = first.json()
+            service.complete_update(HTTP_NS, "wf-1", accepted["update_id"], {"ok": True})
+            truth = http.post(
+                "/api/workflows/wf-1/update/approve", json=body, headers={"X-Namespace": HTTP_NS}
+            )
+        copy = create_admission_engine(databases.copy)
+        copy_tables(primary.engine, copy)
+        copy.dispose()
+        with (
+            serving(databases.primary, env={"ADMISSION_READ_DB": databases.copy}) as (base, announced),
+            httpx.Client(base_url=base) as http,
+        ):
+            assert announced["read_database"] == databases.copy  # no password here to mask
+            retry = http.post(
+                "/api/workflows/wf-1/update/approve", json=body, headers={"X-Namespace": HTTP_NS}
+            )
+    finally:
+        primary.dispose()
+    assert truth.status_code == retry.status_code == 200
+    assert retry.content == truth.content
