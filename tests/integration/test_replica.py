@@ -414,10 +414,9 @@ def test_serve_takes_its_replica_from_the_environment_and_answers_a_retry_as_the
     """The command line's wiring (the library's routing is the tests' above): on SQLite only."""
     import httpx
 
-    from tests.support.backends import sqlite_url
-
     from tests.integration.test_http import NS as HTTP_NS
     from tests.integration.test_http import json_input, serving
+    from tests.support.backends import sqlite_url
 
     databases = Databases(sqlite_url(tmp_path), sqlite_url(tmp_path))
     primary = SqlStore.open(databases.primary)
