@@ -72,6 +72,7 @@ ATTRIBUTES: Final = (
     "admission.job.step",
     "admission.job.attempt",
     "admission.job.outcome",
+    "admission.replica.answer",
     "error.type",
 )
 """Every attribute a span or a measurement of admission may carry: names, identifiers, counts and
@@ -79,10 +80,13 @@ decisions; never a command key, an argument, a result or a message."""
 
 ADMISSIONS: Final = "admission.admissions"
 ADMIT_DURATION: Final = "admission.admit.duration"
-METRICS: Final = (ADMISSIONS, ADMIT_DURATION)
+REPLICA_READS: Final = "admission.replica.reads"
+METRICS: Final = (ADMISSIONS, ADMIT_DURATION, REPLICA_READS)
 """The instruments: a counter of answered admissions (attributes ``admission.command_type``,
-``admission.decision``, ``admission.outcome``) and a histogram of the time of every admit call,
-in seconds (``admission.command_type`` and ``admission.decision``, or ``error.type``)."""
+``admission.decision``, ``admission.outcome``), a histogram of the time of every admit call,
+in seconds (``admission.command_type`` and ``admission.decision``, or ``error.type``), and, for a
+store with a read replica, a counter of its receipt reads by who answered
+(``admission.replica.answer``: ``replica``, ``primary`` or ``unavailable``; docs/replicas.md)."""
 
 Attributes = Mapping[str, str | int | bool]
 
@@ -92,6 +96,7 @@ class _Instruments:
     tracer: Any
     admissions: Any
     admit_duration: Any
+    replica_reads: Any
     status_error: Any
     idle: Callable[[], bool]
     """Whether spans would record nothing: no provider given and no global one set yet."""
@@ -151,7 +156,14 @@ def _create() -> _Instruments | None:
     duration = meter.create_histogram(
         ADMIT_DURATION, unit="s", description="Time of an admit call (signal or update)."
     )
-    return _Instruments(tracer, admissions, duration, trace.Status(trace.StatusCode.ERROR), _idle(trace))
+    replica = meter.create_counter(
+        REPLICA_READS,
+        unit="{read}",
+        description="Receipt reads of a store with a read replica, by who answered them.",
+    )
+    return _Instruments(
+        tracer, admissions, duration, replica, trace.Status(trace.StatusCode.ERROR), _idle(trace)
+    )
 
 
 def _idle(trace: Any) -> Callable[[], bool]:
@@ -251,6 +263,13 @@ class Timer:
         found.admit_duration.record(
             seconds, {"admission.command_type": command_type, "error.type": type(error).__name__}
         )
+
+
+def replica_read(answer: str) -> None:
+    """Count a receipt read of a store with a read replica: ``replica``, ``primary`` or ``unavailable``."""
+    found = _lookup()
+    if found is not None:
+        found.replica_reads.add(1, {"admission.replica.answer": answer})
 
 
 def logger(part: str) -> logging.Logger:

@@ -13,6 +13,7 @@ service is copied (``docs/async.md``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from admission.sql import (
     schema_of,
 )
 from admission.sql._engine import WRITE_OPTION
+from admission.sql._replica import replica_engine
 from admission.worker import DurableWorker, OutboxRelay, Scope, WorkerStore
 
 __all__ = [
@@ -57,7 +59,7 @@ async def _opened(url: str, opener: Callable[[Engine], S], engine_options: dict[
         raise
 
 
-async def open_store(url: str, **engine_options: Any) -> AsyncStore:
+async def open_store(url: str, *, read_url: str | None = None, **engine_options: Any) -> AsyncStore:
     """The receipt store at ``url`` for asyncio: a :class:`~admission.sql.SqlStore` on an async engine.
 
     ``url`` is a ``sqlite://`` or ``postgresql://`` URL (or one naming an
@@ -68,8 +70,20 @@ async def open_store(url: str, **engine_options: Any) -> AsyncStore:
     :class:`~admission.errors.InputError` naming ``url``.  Give the result to
     :class:`~admission.aio.AsyncAdmissionService`; ``await store.dispose()``
     closes its connections.
+
+    ``read_url`` names a read replica that answers the retries whose receipt
+    is final, with an engine made as the primary's (``docs/replicas.md``).
     """
-    return AsyncStore(await _opened(url, SqlStore, engine_options))
+    if read_url is None:
+        return AsyncStore(await _opened(url, SqlStore, engine_options))
+    read_engine = replica_engine(read_url, engine_options, awaited=True)
+    try:
+        return AsyncStore(
+            await _opened(url, functools.partial(SqlStore, read_engine=read_engine), engine_options)
+        )
+    except BaseException:
+        await run_sync(read_engine.dispose)
+        raise
 
 
 def caller_engine(store: AsyncStore) -> AsyncEngine:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ENV_DB",
+    "ENV_READ_DB",
     "ENV_SCHEMA",
     "EXIT_AMBIGUOUS",
     "EXIT_CONFLICT",
@@ -51,6 +52,7 @@ __all__ = [
     "open_service",
     "print_error",
     "print_json",
+    "read_db_url",
     "typed_arguments",
     "typed_input",
 ]
@@ -92,6 +94,9 @@ SIGPIPE, as a shell reports a program that a closed pipe ended.  What the comman
 
 ENV_DB = "ADMISSION_DB"
 """The database URL when ``--db`` is not given."""
+
+ENV_READ_DB = "ADMISSION_READ_DB"
+"""A read replica's URL when ``serve --read-db`` is not given (docs/replicas.md)."""
 
 ENV_SCHEMA = "ADMISSION_SCHEMA"
 """The PostgreSQL schema when ``--schema`` is not given."""
@@ -181,6 +186,12 @@ def db_url(args: argparse.Namespace) -> str:
     return url
 
 
+def read_db_url(args: argparse.Namespace) -> str | None:
+    """A read replica's URL: ``--read-db``, else ``$ADMISSION_READ_DB``, else none."""
+    url: str | None = getattr(args, "read_db", None) or os.environ.get(ENV_READ_DB) or None
+    return url
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     """The engine options the command names: the PostgreSQL schema, if any."""
     schema = getattr(args, "schema", None) or os.environ.get(ENV_SCHEMA)
@@ -207,7 +218,7 @@ def open_async_service(args: argparse.Namespace) -> AsyncAdmissionService:
     from admission.aio import AsyncAdmissionService, open_store
 
     async def opened() -> AsyncAdmissionService:
-        store = await open_store(db_url(args), **engine_options(args))
+        store = await open_store(db_url(args), read_url=read_db_url(args), **engine_options(args))
         await store.dispose()
         return AsyncAdmissionService(store)
 

@@ -12,7 +12,15 @@ import ipaddress
 import json
 import os
 
-from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, open_async_service
+from admission.cli._common import (
+    ENV_READ_DB,
+    EXIT_OK,
+    Commands,
+    UsageError,
+    db_url,
+    open_async_service,
+    read_db_url,
+)
 from admission.cli._token import ENV_TOKENS, load_tokens
 from admission.http import BearerTokens, StoreArguments
 from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS
@@ -89,6 +97,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from admission.sql import masked_url
 
     service = open_async_service(args)
+    read = read_db_url(args)
     stored: StoreArguments = "envelope" if args.store_envelope else "plaintext"
     app = create_app(
         service,
@@ -104,6 +113,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             {
                 "serving": f"http://{args.host}:{args.port}",
                 "database": masked_url(db_url(args)),
+                "read_database": None if read is None else masked_url(read),
                 "codecs": [c.name for c in codecs],
                 "aes_gcm_key_id": None if aes is None else aes[1],
                 "stored_arguments": stored,
@@ -133,6 +143,12 @@ def add_parser(commands: Commands) -> None:
         action="store_true",
         help="store each command's input envelope as received (aes-gcm stays encrypted at rest) "
         "instead of the decoded arguments (docs/http.md)",
+    )
+    serve.add_argument(
+        "--read-db",
+        metavar="URL",
+        help=f"a streaming replica of --db that answers retries whose receipt is final (default: "
+        f"${ENV_READ_DB}; docs/replicas.md); when it fails, the primary answers",
     )
     serve.add_argument(
         "--tokens",

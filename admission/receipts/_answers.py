@@ -35,8 +35,10 @@ __all__ = [
     "ambiguous",
     "answer",
     "answer_judgement",
+    "answerable_from_copy",
     "command_payload",
     "context_of",
+    "is_final",
     "literal_key",
     "row_outcome",
     "run_info",
@@ -244,6 +246,41 @@ def answer_judgement(
         key,
         intent_verified=judgement.intent_verified,
     )
+
+
+def is_final(row: CommandRow, update: UpdateRow | None) -> bool:
+    """Whether a stored receipt answers every later retry exactly as it answers now, until pruned.
+
+    A refusal never changes (contract §4: a keyed refusal is retained as it is);
+    a signal once ``applied`` or ``rejected`` (closed with its run) has no
+    transition left (``SIGNAL_TRANSITIONS``); an update once ``completed``
+    keeps its result and its key for good.  Not final: a signal still
+    ``received`` (it is applied, or rejected when its run closes, and its
+    answer says which), an update still ``accepted``, and a ``failed`` update,
+    whose key can still be released (``release_update``), after which the key
+    admits a new command (``docs/lifecycle.md``).
+    """
+    if row.outcome in REFUSALS:
+        return True
+    if row.command_type == "signal":
+        return row.status in ("applied", "rejected")
+    return update is not None and update.status == "completed"
+
+
+def answerable_from_copy(found: Sequence[tuple[CommandRow, UpdateRow | None, bool]]) -> bool:
+    """Whether the rows a key finds on a copy of the store (a read replica, behind by some lag)
+    give the answer the primary gives: each ``(command, update, run_open)``.
+
+    Every row must be final (:func:`is_final`) and belong to a run that is open in the copy.
+    Rows can only change on the primary in three ways: a pending command moves on (not final),
+    a failed update's key is released (not final), or retention prunes them, which needs their
+    chain of runs closed and ``retention_days`` passed since (contract §5): a run still open
+    in the copy was open at the copy's moment, so only pruning with a retention shorter than
+    the copy's lag can have removed it since (``docs/replicas.md``).  No row (no receipt yet,
+    or one admitted after the copy's moment), a pending row, or a row of a closed run sends
+    the key to the primary, and with it any ambiguity the copy cannot settle.
+    """
+    return bool(found) and all(run_open and is_final(row, update) for row, update, run_open in found)
 
 
 def row_outcome(row: CommandRow, update: UpdateRow | None) -> str:

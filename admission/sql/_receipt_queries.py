@@ -60,7 +60,9 @@ __all__ = [
     "key_values",
     "optional_update_row",
     "receipt_order",
+    "receipt_reads",
     "run_row",
+    "signal_receipt_reads",
     "update_row",
 ]
 
@@ -213,9 +215,11 @@ COMMANDS_BY_KEY = _by_key(
         workflow_commands.c.request_id == _b(value),
     )
 )
-# The unlocked receipt read of a retry, with the command's update (if any).
-RECEIPTS = _by_key(
-    lambda value: (
+
+
+def _receipt_read(value: str) -> Select[Any]:
+    """The unlocked receipt read of a retry, with the command's update (if any)."""
+    return (
         select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
         .select_from(
             workflow_commands.join(
@@ -229,10 +233,11 @@ RECEIPTS = _by_key(
             workflow_commands.c.request_id == _b(value),
         )
     )
-)
-# Signals have no update rows, so their read does not join workflow_updates.
-SIGNAL_RECEIPTS = _by_key(
-    lambda value: (
+
+
+def _signal_receipt_read(value: str) -> Select[Any]:
+    """The unlocked receipt read of a signal: signals have no update rows, so no join with them."""
+    return (
         select(workflow_commands)
         .select_from(
             workflow_commands.join(
@@ -246,7 +251,27 @@ SIGNAL_RECEIPTS = _by_key(
             workflow_commands.c.request_id == _b(value),
         )
     )
-)
+
+
+Extend = Callable[[Select[Any]], Select[Any]]
+
+
+def _unchanged(query: Select[Any]) -> Select[Any]:
+    return query
+
+
+def signal_receipt_reads(extend: Extend = _unchanged) -> CompoundSelect[Any]:
+    """A signal key's receipt read (by token and by raw key), each branch passed through ``extend``."""
+    return _by_key(lambda value: extend(_signal_receipt_read(value)))
+
+
+def receipt_reads(extend: Extend = _unchanged) -> CompoundSelect[Any]:
+    """An update key's receipt read with the updates, each branch passed through ``extend``."""
+    return _by_key(lambda value: extend(_receipt_read(value)))
+
+
+RECEIPTS = receipt_reads()
+SIGNAL_RECEIPTS = signal_receipt_reads()
 PENDING = (
     select(workflow_commands, *(c.label(f"u_{c.name}") for c in workflow_updates.c))
     .select_from(

@@ -70,6 +70,7 @@ from admission.sql._receipt_queries import (
     run_row,
     update_row,
 )
+from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
 from admission.sql._retention import expired_ends, latest_time, newest_time
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
@@ -275,10 +276,23 @@ class SqlStore:
 
     Opening checks the schema revision and refuses anything but the head
     (contract §6): run ``admission db upgrade`` first.
+
+    ``read_engine`` (on a streaming replica of the database) answers the
+    retries whose receipt is final; every other read, and every read while
+    the replica fails (tried again after ``replica_retry`` seconds), is the
+    primary's (:class:`~admission.sql._replica.ReadReplica`, ``docs/replicas.md``).
     """
 
-    def __init__(self, engine: Engine, *, check: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        check: bool = True,
+        read_engine: Engine | None = None,
+        replica_retry: float = REPLICA_RETRY_SECONDS,
+    ) -> None:
         self.engine = engine
+        self.replica = None if read_engine is None else ReadReplica(read_engine, engine, replica_retry)
         self.postgres = is_postgresql(engine.dialect)
         # Prepared statements are planned anew now and then (REPLAN_AFTER); behind a
         # transaction pooler none are prepared, and DEALLOCATE ALL would reach whichever
@@ -301,11 +315,17 @@ class SqlStore:
                 check_revision(conn)
 
     @classmethod
-    def open(cls, url: str = DEFAULT_URL, **engine_options: Any) -> SqlStore:
+    def open(cls, url: str = DEFAULT_URL, *, read_url: str | None = None, **engine_options: Any) -> SqlStore:
         """Create an engine for ``url`` (options as for
         :func:`~admission.sql.create_admission_engine`, ``connections=N`` the budget) and open the
-        store on it."""
-        return cls(create_admission_engine(url, **engine_options))
+        store on it; with ``read_url``, a replica's engine with the same ``engine_options``, so its
+        pool has the same bounds (see the class)."""
+        read_engine = None if read_url is None else replica_engine(read_url, engine_options)
+        return cls(create_admission_engine(url, **engine_options), read_engine=read_engine)
+
+    def replica_counts(self) -> ReplicaCounts | None:
+        """What the read replica answered so far in this process (``None`` without one)."""
+        return None if self.replica is None else self.replica.counts()
 
     @property
     def connections(self) -> int:
@@ -315,6 +335,8 @@ class SqlStore:
 
     def dispose(self) -> None:
         """Close the engine's pooled connections and this process's kept read and write connections."""
+        if self.replica is not None:
+            self.replica.dispose()
         self._kept.close()
         self.engine.dispose()
 
@@ -475,7 +497,11 @@ class SqlStore:
             "token": values[0],
             "raw": values[1],
         }
-        found: list[tuple[CommandRow, UpdateRow | None]]
+        found: list[tuple[CommandRow, UpdateRow | None]] | None
+        if self.replica is not None:
+            found = self.replica.read(command_type, params)
+            if found is not None:
+                return receipt_order(found) if len(found) > 1 else found
         with self._translate():
             found = self._kept.read(
                 self.engine,
