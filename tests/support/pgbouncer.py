@@ -33,7 +33,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -43,6 +42,7 @@ from urllib.parse import quote
 
 from tests.support.pgserver import (
     PostgresServer,
+    Watchdog,
     _file_lock,
     _port_open,
     _run_logged,
@@ -137,32 +137,6 @@ def ensure_binary() -> Path:
     return found
 
 
-# Runs until its stdin closes.  The parent writes PgBouncer's pid once it is known, and "done"
-# after a clean stop().  EOF without "done": the parent died; end PgBouncer, remove the directory.
-_WATCHDOG = r"""
-import os, shutil, signal, sys, time
-root, pid, done = sys.argv[1], None, False
-for line in sys.stdin:
-    line = line.strip()
-    if line == "done":
-        done = True
-        break
-    if line.isdigit():
-        pid = int(line)
-if not done:
-    if pid is not None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                break
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and os.path.exists("/proc/%d" % pid):
-                time.sleep(0.05)
-    shutil.rmtree(root, ignore_errors=True)
-"""
-
-
 class PgBouncer:
     """A private PgBouncer in transaction pooling mode in front of ``server``."""
 
@@ -176,7 +150,7 @@ class PgBouncer:
         self.binary: Path | None = None
         self.version: tuple[int, ...] = ()
         self._proc: subprocess.Popen[bytes] | None = None
-        self._watchdog: subprocess.Popen[str] | None = None
+        self._watchdog: Watchdog | None = None
         self._stopped = False
 
     @property
@@ -231,11 +205,7 @@ class PgBouncer:
         self.root = Path(tempfile.mkdtemp(prefix="admission-pgb-", dir=_temp_base(account is not None)))
         atexit.register(self.stop)
         try:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(self.root)],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True, text=True,
-            )  # fmt: skip
+            self._watchdog = Watchdog(self.root, signal.SIGTERM)
             self.root.chmod(0o700)
             if account is not None:
                 os.chown(self.root, account.pw_uid, account.pw_gid)
@@ -316,10 +286,8 @@ class PgBouncer:
             return f"(no log: {exc})"
 
     def _tell_watchdog(self, line: str) -> None:
-        if self._watchdog is not None and self._watchdog.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._watchdog.stdin.write(line + "\n")
-                self._watchdog.stdin.flush()
+        if self._watchdog is not None:
+            self._watchdog.tell(line)
 
     def stop(self) -> None:
         """End PgBouncer (SIGTERM, then SIGKILL) and remove the directory.  Idempotent."""
@@ -339,15 +307,7 @@ class PgBouncer:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._watchdog is not None:
-            self._tell_watchdog("done")
-            with contextlib.suppress(OSError):
-                if self._watchdog.stdin is not None:
-                    self._watchdog.stdin.close()
-            try:
-                self._watchdog.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-                self._watchdog.wait()
+            self._watchdog.finish()
         atexit.unregister(self.stop)
 
 

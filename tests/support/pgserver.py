@@ -465,12 +465,13 @@ def _pid_alive(pid: int) -> bool:
     return fields[0] not in ("Z", "X")
 
 
-# The watchdog: runs until its stdin closes.  The parent writes the postmaster
+# The watchdog: runs until its stdin closes.  The parent writes the server's
 # pid once it is known, and "done" after a clean stop().  EOF without "done"
-# means the parent died: stop postgres at once and remove the directory.
+# means the parent died: stop the server (its first signal, then SIGKILL) and
+# remove the directory.
 _WATCHDOG = r"""
 import os, shutil, signal, sys, time
-root, pid, done = sys.argv[1], None, False
+root, first, pid, done = sys.argv[1], int(sys.argv[2]), None, False
 for line in sys.stdin:
     line = line.strip()
     if line == "done":
@@ -487,7 +488,7 @@ def alive(pid):
 if not done:
     if pid is not None:
         try:
-            os.kill(pid, signal.SIGQUIT)
+            os.kill(pid, first)
             deadline = time.monotonic() + 10
             while alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -498,6 +499,43 @@ if not done:
         time.sleep(0.2)
     shutil.rmtree(root, ignore_errors=True)
 """
+
+
+class Watchdog:
+    """A process that stops a server and removes its directory if the test process dies first.
+
+    ``first`` is the server's quick shutdown signal (SIGQUIT for postgres,
+    SIGTERM for PgBouncer); SIGKILL follows after 10 s.
+    """
+
+    def __init__(self, root: Path, first: signal.Signals) -> None:
+        self._proc: subprocess.Popen[str] | None = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(root), str(int(first))],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, text=True,
+        )  # fmt: skip
+
+    def tell(self, line: str) -> None:
+        """Send a line: the server's pid, or ``done``."""
+        if self._proc is not None and self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.write(line + "\n")
+                self._proc.stdin.flush()
+
+    def finish(self) -> None:
+        """The server was stopped cleanly: the watchdog ends without touching anything."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.write("done\n")
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # --------------------------------------------------------------------------
@@ -537,7 +575,7 @@ class PostgresServer:
         self.initdb_seconds: float | None = None
         self.start_seconds: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
-        self._watchdog: subprocess.Popen[str] | None = None
+        self._watchdog: Watchdog | None = None
         self._stopped = False
 
     # -- properties --------------------------------------------------------
@@ -647,17 +685,21 @@ class PostgresServer:
             "--no-sync", "-U", self.superuser,
         ]  # fmt: skip
         t = time.monotonic()
-        with self._owned_file("initdb.log") as log:
+        self._run_as_server(cmd, "initdb")
+        self.initdb_seconds = time.monotonic() - t
+
+    def _run_as_server(self, cmd: Sequence[str], name: str) -> None:
+        """Run a server tool as the server's account, its output in ``<name>.log``; raise if it fails."""
+        with self._owned_file(f"{name}.log") as log:
             try:
                 res = subprocess.run(
                     cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
                     env=self._child_env(), timeout=max(self.startup_timeout, 120), **self._as_account(),
                 )  # fmt: skip
             except (OSError, subprocess.SubprocessError) as exc:
-                raise PostgresError(f"initdb failed: {exc}\n{self._tail('initdb.log')}") from exc
+                raise PostgresError(f"{name} failed: {exc}\n{self._tail(f'{name}.log')}") from exc
         if res.returncode != 0:
-            raise PostgresError(f"initdb exited {res.returncode}:\n{self._tail('initdb.log')}")
-        self.initdb_seconds = time.monotonic() - t
+            raise PostgresError(f"{name} exited {res.returncode}:\n{self._tail(f'{name}.log')}")
 
     def _launch(self, bindir: Path, t0: float, port: int | None = None) -> None:
         for _attempt in range(5):
@@ -715,17 +757,11 @@ class PostgresServer:
             return f"(no {name}: {exc})"
 
     def _start_watchdog(self) -> None:
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(self.root)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, text=True,
-        )  # fmt: skip
+        self._watchdog = Watchdog(self._require_root(), signal.SIGQUIT)
 
     def _tell_watchdog(self, line: str) -> None:
-        if self._watchdog is not None and self._watchdog.stdin is not None:
-            with contextlib.suppress(OSError):
-                self._watchdog.stdin.write(line + "\n")
-                self._watchdog.stdin.flush()
+        if self._watchdog is not None:
+            self._watchdog.tell(line)
 
     def restart(self) -> None:
         """Immediate shutdown (SIGQUIT: every session ends at once, as in a crash) and a start
@@ -754,15 +790,7 @@ class PostgresServer:
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         if self._watchdog is not None:
-            self._tell_watchdog("done")
-            with contextlib.suppress(OSError):
-                if self._watchdog.stdin is not None:
-                    self._watchdog.stdin.close()
-            try:
-                self._watchdog.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-                self._watchdog.wait()
+            self._watchdog.finish()
         atexit.unregister(self.stop)
 
     # -- databases ---------------------------------------------------------

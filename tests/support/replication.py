@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -64,16 +63,7 @@ class StandbyServer(PostgresServer):
         )
         cmd = [str(basebackup), "-D", str(self.datadir), "-d", conninfo, "-R", "-X", "stream", "-c", "fast"]
         t = time.monotonic()
-        with self._owned_file("basebackup.log") as log:
-            try:
-                res = subprocess.run(
-                    cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
-                    env=self._child_env(), timeout=max(self.startup_timeout, 120), **self._as_account(),
-                )  # fmt: skip
-            except (OSError, subprocess.SubprocessError) as exc:
-                raise PostgresError(f"pg_basebackup failed: {exc}\n{self._tail('basebackup.log')}") from exc
-        if res.returncode != 0:
-            raise PostgresError(f"pg_basebackup exited {res.returncode}:\n{self._tail('basebackup.log')}")
+        self._run_as_server(cmd, "pg_basebackup")
         # The copy carries the primary's ALTER SYSTEM settings: once promoted, this server must not
         # wait for synchronous standbys of its own that do not exist.
         auto_conf = self.datadir / "postgresql.auto.conf"
