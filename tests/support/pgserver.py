@@ -496,7 +496,10 @@ if not done:
                 os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-        time.sleep(0.2)
+        # Until it is reaped, not only dead: nothing of it is left when the directory goes.
+        deadline = time.monotonic() + 5
+        while os.path.exists("/proc/%d" % pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
     shutil.rmtree(root, ignore_errors=True)
 """
 
