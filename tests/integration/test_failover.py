@@ -19,6 +19,7 @@ it cannot write once a new owner has claimed.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import func, select
 
@@ -92,6 +94,15 @@ def wait_for(condition: Any, what: str) -> None:
         time.sleep(0.02)
 
 
+def _lock_waiters(watcher: Any) -> int:
+    """Sessions of the database waiting for a lock (the held instance row's)."""
+    row = watcher.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchone()
+    return int(row[0])
+
+
 def test_admissions_survive_a_primary_killed_under_load(cluster: ReplicatedCluster, tmp_path: Path) -> None:
     url = migrated(cluster)
     setup = SqlStore.open(url)
@@ -126,6 +137,17 @@ def test_admissions_survive_a_primary_killed_under_load(cluster: ReplicatedClust
         # unused, and is first used again after the new primary accepts connections.
         for client in frozen:
             os.kill(client.pid, signal.SIGSTOP)
+        # One call is surely in flight at the kill: client 0's next admission waits for the
+        # instance lock that this session holds, until the primary dies under both.
+        assert cluster.primary is not None
+        conninfo = cluster.primary.conninfo("admission")
+        holder, watcher = psycopg.connect(**conninfo), psycopg.connect(**conninfo, autocommit=True)
+        holder.execute(
+            "SELECT id FROM workflow_instances WHERE namespace = %s AND workflow_id = 'wf0' FOR UPDATE",
+            (failover.NS,),
+        )
+        # pg_stat_activity is read afresh per transaction: on its own autocommit session.
+        wait_for(lambda: _lock_waiters(watcher) >= 1, "a call waiting for the held instance lock")
         killed_at = time.time()
         try:
             cluster.kill_primary()
@@ -134,6 +156,9 @@ def test_admissions_survive_a_primary_killed_under_load(cluster: ReplicatedClust
         finally:
             for client in frozen:
                 os.kill(client.pid, signal.SIGCONT)
+            for session in (holder, watcher):
+                with contextlib.suppress(psycopg.Error):
+                    session.close()
         wait_for(lambda: all(answered(log, ready_at) >= AFTER for log in logs), "answers after the failover")
         stop.touch()
         for client in clients:
