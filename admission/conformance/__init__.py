@@ -5,6 +5,18 @@ strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
 """
 
+from admission.conformance._strategies import (
+    CommandSpec,
+    argument_pools,
+    arguments,
+    command_keys,
+    command_sequences,
+    intent_values,
+    key_pools,
+    same,
+    same_value_variants,
+    twins,
+)
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -27,6 +39,16 @@ __all__ = [
     "PRUNE",
     "REFUSAL_REASONS",
     "Answer",
+    "CommandSpec",
     "Refusal",
     "Target",
+    "argument_pools",
+    "arguments",
+    "command_keys",
+    "command_sequences",
+    "intent_values",
+    "key_pools",
+    "same",
+    "same_value_variants",
+    "twins",
 ]
