@@ -9,6 +9,18 @@ are targets over admission's own services (on any store).
 
 from admission.conformance._machine import Options, Stats, machine_for
 from admission.conformance._service_targets import AsyncServiceTarget, ServiceTarget
+from admission.conformance._strategies import (
+    CommandSpec,
+    argument_pools,
+    arguments,
+    command_keys,
+    command_sequences,
+    intent_values,
+    key_pools,
+    same,
+    same_value_variants,
+    twins,
+)
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -32,10 +44,20 @@ __all__ = [
     "REFUSAL_REASONS",
     "Answer",
     "AsyncServiceTarget",
+    "CommandSpec",
     "Options",
     "Refusal",
     "ServiceTarget",
     "Stats",
     "Target",
+    "argument_pools",
+    "arguments",
+    "command_keys",
+    "command_sequences",
+    "intent_values",
+    "key_pools",
     "machine_for",
+    "same",
+    "same_value_variants",
+    "twins",
 ]
