@@ -20,6 +20,8 @@ from admission.errors import AdmissionError
 from admission.intent._encoding import canonical_encode
 
 __all__ = [
+    "ARGUMENTS",
+    "KEYS",
     "NAMES",
     "argument_pool",
     "argument_twins",
@@ -34,16 +36,41 @@ PREFIX: Final = 128
 """Keys sharing this many first code points are twins (prefix twins of the pools reach 255)."""
 
 
+KEYS: Final[tuple[str, ...]] = ("k1", "K1", "k2", "\u00e9", "e\u0301", " k2")
+"""A small fixed key pool with case, normalisation and whitespace twins."""
+ARGUMENTS: Final[tuple[object, ...]] = (
+    [],
+    [1],
+    [1.0],
+    [True],
+    [0.0],
+    [-0.0],
+    ["1"],
+    {"a": 1, "b": 2},
+    {"b": 2, "a": 1},
+    {"aa": None, "b": [b"\x00"]},
+)
+"""A small fixed argument pool: encodings differ pairwise, except the two maps written in
+another order, which are one value."""
+
+
+# The fixed pool comes first: hypothesis shrinks towards it, so a failure that any pool shows
+# shrinks in seconds to one spoken in short words; the drawn pools (hundreds of choices each)
+# are shrunk only when the failure needs them.
+
+
 def key_pool() -> st.SearchStrategy[tuple[str, ...]]:
     """An example's key pool: 3 to 5 valid keys holding a twin pair (case, NFC/NFD, surrounding
-    whitespace, 255-code-point prefix twins; :func:`~admission.conformance.key_pools`)."""
-    return key_pools().map(tuple)
+    whitespace, 255-code-point prefix twins; :func:`~admission.conformance.key_pools`), or
+    :data:`KEYS`."""
+    return st.one_of(st.just(KEYS), key_pools().map(tuple))
 
 
 def argument_pool() -> st.SearchStrategy[tuple[object, ...]]:
     """An example's argument pool: a few arguments holding a twin pair (``1`` / ``1.0``,
-    ``0.0`` / ``-0.0``, NFC / NFD text ...; :func:`~admission.conformance.argument_pools`)."""
-    return argument_pools().map(tuple)
+    ``0.0`` / ``-0.0``, NFC / NFD text ...; :func:`~admission.conformance.argument_pools`), or
+    :data:`ARGUMENTS`."""
+    return st.one_of(st.just(ARGUMENTS), argument_pools().map(tuple))
 
 
 def _number(value: float) -> object:
