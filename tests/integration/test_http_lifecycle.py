@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from sqlalchemy import Engine
 
 with warnings.catch_warnings():
@@ -22,7 +23,18 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 from admission.aio import AsyncAdmissionService
-from admission.http import BearerTokens, CborCodec, TokenGrant, create_app, envelope, token_digest
+from admission.http import (
+    AuthRequest,
+    BearerTokens,
+    CborCodec,
+    NamespaceForbiddenError,
+    Principal,
+    TokenGrant,
+    create_app,
+    envelope,
+    is_engine_path,
+    token_digest,
+)
 from admission.receipts import AdmissionService
 from tests.support.aio import AsyncTwins
 from tests.support.backends import SQL_BACKENDS
@@ -33,6 +45,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:Using `httpx` with `starlette.te
 NS = "tenant-a"
 WF = "/api/workflows/wf-1"
 TOKEN = "adm_" + "c3" * 32
+CALLER_TOKEN = "adm_" + "5e" * 32
+ENGINE_PATHS = {
+    "/api/workflows/{workflow_id}/runs",
+    "/api/workflows/{workflow_id}/close",
+    "/api/workflows/{workflow_id}/continue-as-new",
+    "/api/workflows/{workflow_id}/signals/{command_id}/apply",
+    "/api/workflows/{workflow_id}/updates/{update_id}/complete",
+    "/api/workflows/{workflow_id}/updates/{update_id}/fail",
+}
 ONE_BACKEND = pytest.mark.parametrize("sql_backend", SQL_BACKENDS[:1], indirect=True)
 
 
@@ -302,6 +323,50 @@ def test_the_engine_routes_are_behind_the_authorizer_and_a_refusal_writes_nothin
     statuses = [post(client, path, body, **granted).status_code for path, body in routes]
     # Completing, then failing, one update: the failure is refused (409) once it completed.
     assert statuses == [201, 200, 200, 409, 200, 409]
+
+
+@ONE_BACKEND
+def test_an_authorizer_can_keep_callers_off_the_engine_routes(
+    service: AdmissionService, twins: AsyncTwins, engine: Engine
+) -> None:
+    tokens = BearerTokens(
+        [
+            TokenGrant("caller", token_digest(CALLER_TOKEN), (NS,)),
+            TokenGrant("engine", token_digest(TOKEN), (NS,)),
+        ]
+    )
+
+    def callers_and_engine(request: AuthRequest) -> Principal:
+        principal = tokens(request)
+        if is_engine_path(request.path) and principal.name != "engine":
+            raise NamespaceForbiddenError(
+                f"{principal.name} may not drive runs", namespace=request.namespace, principal=principal.name
+            )
+        return principal
+
+    engine_app = FastAPI()
+    engine_app.mount("/admission", create_app(twins.twin(service), authorize=callers_and_engine))
+    client = TestClient(engine_app, raise_server_exceptions=False)
+    service.start_run(NS, "wf-1")
+    caller = {"X-Namespace": NS, "Authorization": f"Bearer {CALLER_TOKEN}"}
+    engine_side = {"X-Namespace": NS, "Authorization": f"Bearer {TOKEN}"}
+    update = ok(client.post(f"/admission{WF}/update/approve", json={"request_id": "u"}, headers=caller), 202)
+    complete = f"/admission{WF}/updates/{update['update_id']}/complete"
+    before = snapshot(engine)
+    refused(client.post(complete, json={"result": cbor("mine")}, headers=caller), 403, "namespace_forbidden")
+    refused(
+        client.post(f"/admission{WF}/close", json={"status": "failed"}, headers=caller),
+        403,
+        "namespace_forbidden",
+    )
+    assert diff_snapshots(before, snapshot(engine)) == []
+    done = ok(client.post(complete, json={"result": cbor("yes")}, headers=engine_side), 200)
+    assert done["outcome"] == "completed"
+    again = ok(client.post(f"/admission{WF}/update/approve", json={"request_id": "u"}, headers=caller), 200)
+    assert again["result"] == "yes"
+    # The helper names exactly the engine's routes of the document.
+    document = client.get("/admission/openapi.json").json()
+    assert {path for path in document["paths"] if is_engine_path(path)} == ENGINE_PATHS
 
 
 # -- the document --------------------------------------------------------------------------
