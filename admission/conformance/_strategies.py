@@ -22,13 +22,19 @@ import math
 import string
 import struct
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from hypothesis import strategies as st
 
-from admission.intent import MAX_DEPTH, MAX_REQUEST_ID_LENGTH, RESERVED_SIGNAL_PREFIX
+from admission.intent import (
+    DEFAULT_MAX_SIZE,
+    MAX_DEPTH,
+    MAX_REQUEST_ID_LENGTH,
+    RESERVED_SIGNAL_PREFIX,
+    canonical_encode,
+)
 
 __all__ = [
     "ARGUMENTS",
@@ -176,7 +182,10 @@ def _deep(draw: st.DrawFn, core: st.SearchStrategy[object], max_depth: int) -> o
     levels = draw(st.one_of(st.just(room), st.integers(1, room)))
     sibling = draw(SCALARS)
     key = draw(MAP_KEYS)
-    for kind in draw(st.lists(st.integers(0, 4), min_size=levels, max_size=levels)):
+    # A short pattern of container kinds, repeated along the path: a few draws, not one per level,
+    # so a 64-deep value costs hypothesis little of its budget per example.
+    pattern = draw(st.lists(st.integers(0, 4), min_size=1, max_size=4))
+    for kind in (pattern[level % len(pattern)] for level in range(levels)):
         if kind == 0:
             value = [value]
         elif kind == 1:
@@ -204,46 +213,70 @@ def _wide(draw: st.DrawFn, core: st.SearchStrategy[object]) -> object:
     return {f"{stem}{i}": item for i, item in enumerate(items)}
 
 
-def intent_values(max_leaves: int = 40, *, max_depth: int = MAX_DEPTH) -> st.SearchStrategy[object]:
+def _fits(max_size: int) -> Callable[[object], bool]:
+    def fits(value: object) -> bool:
+        return len(canonical_encode(value)) <= max_size
+
+    return fits
+
+
+def intent_values(
+    max_leaves: int = 40, *, max_depth: int = MAX_DEPTH, max_size: int = DEFAULT_MAX_SIZE
+) -> st.SearchStrategy[object]:
     """Intent values of every type the canonical encoding knows (contract §3), with its edges.
 
     None, bools, ints across int64 (and its edges), floats (by their bits too), text (NUL,
     4-byte characters, combining marks; never a lone surrogate), bytes, lists, tuples and maps
     with str keys (keys that sort differently by UTF-8 bytes than by length or UTF-16 units,
     prefix keys), nested up to ``max_leaves`` leaves; sometimes a path of containers exactly
-    ``max_depth`` deep, a map or list of 23 to 300 entries, or a 64 KiB text or bytes value.
-    Every value encodes within the default size bound.
+    ``max_depth`` deep, a map or list of 23 to 300 entries, or a 64 KiB text or bytes value
+    (when ``max_size`` leaves room for it).  Every value encodes in at most ``max_size`` bytes.
     """
     if not 0 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be within 0..{MAX_DEPTH}, got {max_depth}")
+    if max_size < 1:
+        raise ValueError(f"max_size must be positive, got {max_size}")
+    # The values are small enough for the default bound by construction; below it, check.
+    fits = _fits(max_size) if max_size < DEFAULT_MAX_SIZE else None
+    long: tuple[st.SearchStrategy[object], ...] = (_LONG,) if max_size > 2**16 + 8 else ()
     if max_depth == 0:
-        return st.one_of(SCALARS, _LONG)
+        scalars = st.one_of(SCALARS, *long)
+        return scalars.filter(fits) if fits else scalars
     core = st.recursive(SCALARS, _containers, max_leaves=max_leaves)
     if max_depth < MAX_DEPTH:
         core = core.filter(lambda value: _depth(value) <= max_depth)
     shallow = core.filter(lambda value: _depth(value) < max_depth)
-    edges = (_deep(core, max_depth), _wide(shallow), _LONG)
+    edges = (_deep(core, max_depth), _wide(shallow), *long)
     # Mostly ordinary values; each edge about one draw in ten.  Index 0 first, so a failing
     # example shrinks towards an ordinary value.
-    return st.sampled_from(range(10)).flatmap(lambda branch: core if branch < 7 else edges[branch - 7])
+    values = st.sampled_from(range(7 + len(edges))).flatmap(
+        lambda branch: core if branch < 7 else edges[branch - 7]
+    )
+    return values.filter(fits) if fits else values
 
 
 def arguments(
-    max_leaves: int = 40, *, max_depth: int = MAX_DEPTH
+    max_leaves: int = 40, *, max_depth: int = MAX_DEPTH, max_size: int = DEFAULT_MAX_SIZE
 ) -> st.SearchStrategy[list[object] | dict[str, object]]:
     """Arguments: a list or a map of :func:`intent_values` (contract §3), ``max_depth`` deep at most
-    (the list or map itself is the first level; the intent record around it does not count)."""
+    (the list or map itself is the first level; the intent record around it does not count) and
+    encoded in at most ``max_size`` bytes."""
     if not 1 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be within 1..{MAX_DEPTH}, got {max_depth}")
-    inner = intent_values(max_leaves, max_depth=max_depth - 1)
-    return st.one_of(st.lists(inner, max_size=5), st.dictionaries(MAP_KEYS, inner, max_size=5))
+    inner = intent_values(max_leaves, max_depth=max_depth - 1, max_size=max_size)
+    both = st.one_of(st.lists(inner, max_size=5), st.dictionaries(MAP_KEYS, inner, max_size=5))
+    return both.filter(_fits(max_size)) if max_size < DEFAULT_MAX_SIZE else both
 
 
 VALUES: Final = intent_values()
 """:func:`intent_values` with its defaults."""
 ARGUMENTS: Final = arguments()
 """:func:`arguments` with its defaults."""
-_SMALL_ARGUMENTS: Final = arguments(max_leaves=8)
+# Pools hold several arguments and a machine draws one pool per example: few leaves each.
+_SMALL_ARGUMENTS: Final = st.one_of(
+    st.lists(intent_values(4, max_depth=MAX_DEPTH - 1), max_size=3),
+    st.dictionaries(MAP_KEYS, intent_values(4, max_depth=MAX_DEPTH - 1), max_size=3),
+)
 
 # -- command keys ----------------------------------------------------------------------------
 
