@@ -5,6 +5,7 @@ strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
 """
 
+from admission.conformance._spellings import same, same_value_variants
 from admission.conformance._strategies import (
     CommandSpec,
     argument_pools,
@@ -13,8 +14,6 @@ from admission.conformance._strategies import (
     command_sequences,
     intent_values,
     key_pools,
-    same,
-    same_value_variants,
     twins,
 )
 from admission.conformance._target import (

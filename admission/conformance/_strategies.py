@@ -18,6 +18,7 @@ Pure: no clock, no I/O; every choice is a hypothesis draw.
 
 from __future__ import annotations
 
+import copy
 import math
 import string
 import struct
@@ -28,6 +29,7 @@ from typing import Final, Literal
 
 from hypothesis import strategies as st
 
+from admission.conformance._spellings import same_value_variants
 from admission.intent import (
     DEFAULT_MAX_SIZE,
     MAX_DEPTH,
@@ -55,8 +57,6 @@ __all__ = [
     "command_sequences",
     "intent_values",
     "key_pools",
-    "same",
-    "same_value_variants",
     "twins",
 ]
 
@@ -258,9 +258,11 @@ def intent_values(
 def arguments(
     max_leaves: int = 40, *, max_depth: int = MAX_DEPTH, max_size: int = DEFAULT_MAX_SIZE
 ) -> st.SearchStrategy[list[object] | dict[str, object]]:
-    """Arguments: a list or a map of :func:`intent_values` (contract §3), ``max_depth`` deep at most
-    (the list or map itself is the first level; the intent record around it does not count) and
-    encoded in at most ``max_size`` bytes."""
+    """Arguments: a list or a map of :func:`intent_values` (contract §3).
+
+    At most ``max_depth`` deep (the list or map itself is the first level; the intent record
+    around it does not count) and encoded in at most ``max_size`` bytes.
+    """
     if not 1 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be within 1..{MAX_DEPTH}, got {max_depth}")
     inner = intent_values(max_leaves, max_depth=max_depth - 1, max_size=max_size)
@@ -420,9 +422,12 @@ def _next_up(value: float) -> tuple[object, object]:
     return value, math.nextafter(value, math.inf)
 
 
-_BASE_TWINS: Final = st.one_of(
-    st.sampled_from(((1, 1.0), (0.0, -0.0), (True, 1), (False, 0), ("1", 1), ([], {}), ("", b""))),
-    st.sampled_from(((2**53, 2**53 + 1), ("", None), (b"a", "a"), ("\u00e9", "e\u0301"))),
+_NAMED_TWINS: Final = (
+    *((1, 1.0), (0.0, -0.0), (True, 1), (False, 0), ("1", 1), (b"a", "a"), ("\u00e9", "e\u0301")),
+    *(([], {}), ("", b""), ("", None), (2**53, 2**53 + 1), ({"a": 1}, {"a": 1.0}), (math.nan, None)),
+)
+# The pairs a careless implementation most often merges.
+_GENERIC_TWINS: Final = st.one_of(
     _EXACT_INTS.map(lambda n: (n, float(n))),
     st.tuples(MAP_KEYS, _EXACT_INTS).map(lambda spec: ({spec[0]: spec[1]}, {spec[0]: float(spec[1])})),
     _NORMAL_FORM_TWINS,
@@ -431,6 +436,11 @@ _BASE_TWINS: Final = st.one_of(
     _NAN.map(lambda nan: (nan, None)),
     # One ulp apart: a port that prints floats with too few digits merges them.
     FLOATS.filter(math.isfinite).map(_next_up),
+)
+# The named pairs half of the time (a flatmap: one_of would flatten into eight equal branches);
+# copies, since a caller may keep or change what it was given.
+_BASE_TWINS: Final = st.booleans().flatmap(
+    lambda named: st.sampled_from(_NAMED_TWINS).map(copy.deepcopy) if named else _GENERIC_TWINS
 )
 
 
@@ -489,50 +499,6 @@ def argument_pools(draw: st.DrawFn, min_size: int = 4, max_size: int = 8) -> lis
     return list(draw(st.permutations(pool)))
 
 
-# -- other spellings of one value ------------------------------------------------------------
-
-
-def _respell(value: object, reverse_maps: bool, flip_sequences: bool, other_nans: bool) -> object:
-    if type(value) is float and other_nans and math.isnan(value):
-        bits = int.from_bytes(struct.pack(">d", value), "big")
-        return _from_bits(bits ^ (1 << 63))  # the same NaN with the other sign: still f97e00
-    if isinstance(value, (list, tuple)):
-        items = [_respell(item, reverse_maps, flip_sequences, other_nans) for item in value]
-        return (list if (type(value) is tuple) == flip_sequences else tuple)(items)
-    if isinstance(value, dict):
-        entries = [(k, _respell(item, reverse_maps, flip_sequences, other_nans)) for k, item in value.items()]
-        return dict(reversed(entries) if reverse_maps else entries)
-    return value
-
-
-def _spelling(value: object) -> object:
-    """What tells two spellings apart: container types, map insertion order, float bits."""
-    if type(value) is float:
-        return ("float", struct.pack(">d", value))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(map(_spelling, value)))
-    if isinstance(value, dict):
-        return ("dict", tuple((key, _spelling(item)) for key, item in value.items()))
-    return (type(value).__name__, value)
-
-
-def same_value_variants(value: object) -> list[object]:
-    """Other spellings of ``value`` with the same canonical encoding, ``value`` itself first.
-
-    Maps with their entries in reverse insertion order, tuples for lists and lists for tuples,
-    NaNs of the other sign, recursively, alone and together.  A scalar without another
-    spelling gives ``[value]``.
-    """
-    variants = [value]
-    seen = {_spelling(value)}
-    for flags in ((True, False, False), (False, True, False), (False, False, True), (True, True, True)):
-        variant = _respell(value, *flags)
-        if (spelling := _spelling(variant)) not in seen:
-            seen.add(spelling)
-            variants.append(variant)
-    return variants
-
-
 # -- command sequences -----------------------------------------------------------------------
 
 
@@ -574,25 +540,3 @@ def command_sequences(
         run_scope=st.booleans(),
     )
     return draw(st.lists(spec, min_size=min_size, max_size=max_size))
-
-
-def same(a: object, b: object) -> bool:
-    """Typed equality: the equality the canonical encoding preserves.
-
-    ``True`` is not ``1``, ``1`` is not ``1.0``, ``0.0`` is not ``-0.0``, every
-    NaN equals every NaN, a tuple equals the list with the same items, and maps
-    compare without regard to order.
-    """
-    ta: type = list if type(a) is tuple else type(a)
-    tb: type = list if type(b) is tuple else type(b)
-    if ta is not tb:
-        return False
-    if isinstance(a, float) and isinstance(b, float):
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b
