@@ -422,7 +422,7 @@ def _next_up(value: float) -> tuple[object, object]:
     return value, math.nextafter(value, math.inf)
 
 
-_NAMED_TWINS: Final = (
+_NAMED_TWINS: Final[tuple[tuple[object, object], ...]] = (
     *((1, 1.0), (0.0, -0.0), (True, 1), (False, 0), ("1", 1), (b"a", "a"), ("\u00e9", "e\u0301")),
     *(([], {}), ("", b""), ("", None), (2**53, 2**53 + 1), ({"a": 1}, {"a": 1.0}), (math.nan, None)),
 )
