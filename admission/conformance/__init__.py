@@ -5,6 +5,17 @@ strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
 """
 
+from admission.conformance._spellings import same, same_value_variants
+from admission.conformance._strategies import (
+    CommandSpec,
+    argument_pools,
+    arguments,
+    command_keys,
+    command_sequences,
+    intent_values,
+    key_pools,
+    twins,
+)
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -27,6 +38,16 @@ __all__ = [
     "PRUNE",
     "REFUSAL_REASONS",
     "Answer",
+    "CommandSpec",
     "Refusal",
     "Target",
+    "argument_pools",
+    "arguments",
+    "command_keys",
+    "command_sequences",
+    "intent_values",
+    "key_pools",
+    "same",
+    "same_value_variants",
+    "twins",
 ]

@@ -20,6 +20,8 @@ PURE_MODULES = {
     "admission._bounds",
     "admission._table",
     "admission.client._errors",
+    "admission.conformance._spellings",
+    "admission.conformance._strategies",
     "admission.conformance._target",
     "admission.errors",
     "admission.http._codecs",
