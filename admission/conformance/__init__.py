@@ -5,6 +5,8 @@ strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
 """
 
+from admission.conformance._http_target import HttpTarget, LifecycleHooks
+from admission.conformance._runner import Failure, Report, load_replay, run_conformance
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -27,6 +29,12 @@ __all__ = [
     "PRUNE",
     "REFUSAL_REASONS",
     "Answer",
+    "Failure",
+    "HttpTarget",
+    "LifecycleHooks",
     "Refusal",
+    "Report",
     "Target",
+    "load_replay",
+    "run_conformance",
 ]

@@ -144,10 +144,8 @@ class Report:
             lines.extend(f"  {line}" for line in self.failure.sequence)
             lines.append("target calls of that sequence:")
             lines.extend(f"  {line}" for line in self.failure.trace or ("(none recorded)",))
-            lines.append(
-                "replay: save the replay record (--report FILE keeps it under failure.replay) "
-                "and run it again with --replay FILE"
-            )
+            lines.append("replay record (save this line as FILE and run again with --replay FILE):")
+            lines.append("  " + json.dumps(dict(self.failure.replay), ensure_ascii=False, sort_keys=True))
         return "\n".join(lines) + "\n"
 
 
