@@ -31,7 +31,6 @@ catch a kind without naming every subsystem's error::
     │   └── SchemaDriftError       adoption refused: the tables differ from the revision compared
     ├── TargetError            raised by a worker target adapter
     │   └── BeforeWriteError, TargetTimeoutError
-    ├── ConformanceTargetError the conformance kit's target is unreachable or answered outside the contract
     └── RetryableJobError      raised by a job step: the failure is transient
 
 The HTTP client adds its own ``ClientError`` subtree in ``admission.client``:
@@ -50,7 +49,6 @@ __all__ = [
     "BeforeWriteError",
     "CodecError",
     "CommandKeyError",
-    "ConformanceTargetError",
     "EventLogMovedError",
     "FencedError",
     "InputError",
@@ -593,18 +591,6 @@ class TargetTimeoutError(TargetError, TimeoutError):
     """A target did not answer in time; the write may or may not have landed."""
 
     code: ClassVar[str] = "target_timeout"
-
-
-class ConformanceTargetError(AdmissionError, RuntimeError):
-    """The conformance kit's target could not be reached, or answered outside the wire contract
-    (401, 403, a 5xx, a body that is not a JSON object): the run stops, since no answer to compare
-    came back.  ``status`` is the HTTP status, ``None`` when nothing was answered."""
-
-    code: ClassVar[str] = "conformance_target"
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class RetryableJobError(AdmissionError, RuntimeError):

@@ -5,7 +5,7 @@ strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
 """
 
-from admission.conformance._http_target import HttpTarget, LifecycleHooks
+from admission.conformance._http_target import ConformanceTargetError, HttpTarget, LifecycleHooks
 from admission.conformance._runner import Failure, Report, load_replay, run_conformance
 from admission.conformance._target import (
     CAPABILITIES,
@@ -29,6 +29,7 @@ __all__ = [
     "PRUNE",
     "REFUSAL_REASONS",
     "Answer",
+    "ConformanceTargetError",
     "Failure",
     "HttpTarget",
     "LifecycleHooks",

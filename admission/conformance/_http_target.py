@@ -27,18 +27,35 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, ClassVar, Final, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from admission.conformance._target import LIFECYCLE, PROGRESS, Answer, CommandType, Refusal
-from admission.errors import ConformanceTargetError, InvalidValueError
+from admission.errors import AdmissionError, InvalidValueError
 from admission.http._codecs import CborCodec, JsonCodec
 from admission.http._tokens import encode_namespace
 
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["HttpTarget", "LifecycleHooks", "LifecycleMode", "arguments_envelope"]
+__all__ = ["ConformanceTargetError", "HttpTarget", "LifecycleHooks", "LifecycleMode", "arguments_envelope"]
+
+
+class ConformanceTargetError(AdmissionError, RuntimeError):
+    """The target could not be reached, or answered outside the wire contract (401, 403, a 5xx, a
+    route it does not have, a body that is not a JSON object).
+
+    The run stops at once: without an answer there is nothing to compare.  Any
+    target may raise it to stop a run.  ``status`` is the HTTP status, ``None``
+    when nothing was answered; the message never holds the bearer token.
+    """
+
+    code: ClassVar[str] = "conformance_target"
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 LifecycleMode = Literal["auto", "routes", "none"]
 """How an :class:`HttpTarget` reaches runs and progress: ``auto`` asks the server whether it has the

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from admission.conformance._http_target import ConformanceTargetError
 from admission.conformance._target import CAPABILITIES, Target
-from admission.errors import ConformanceTargetError, InvalidValueError
+from admission.errors import InvalidValueError
 
 if TYPE_CHECKING:
     from hypothesis.stateful import RuleBasedStateMachine
