@@ -91,7 +91,8 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     if args.replay is not None and (chosen or args.seed is not None):
         raise UsageError("--replay", "replays the recorded seed and options: give no other run options")
     try:
-        target = HttpTarget(args.http, token=token, timeout=args.timeout)
+        probe = args.namespace[0] if args.namespace else Options().namespaces[0]
+        target = HttpTarget(args.http, token=token, timeout=args.timeout, probe_namespace=probe)
     except InvalidValueError as exc:
         raise UsageError("--http" if exc.field == "url" else f"--{exc.field}", exc.reason) from None
     except ConformanceTargetError as exc:
