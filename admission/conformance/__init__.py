@@ -38,4 +38,14 @@ __all__ = [
     "Target",
     "load_replay",
     "run_conformance",
+    "test_retry_contract",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # The pytest test is loaded on demand, so that ``import admission.conformance`` never imports pytest.
+    if name == "test_retry_contract":
+        from admission.conformance._plugin import test_retry_contract
+
+        return test_retry_contract
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
