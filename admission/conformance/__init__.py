@@ -3,6 +3,10 @@
 The adapter interface (:class:`Target`) says what the kit needs of a target; the
 strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
+
+The pytest plugin (``_plugin``, an entry point that every pytest run loads) lives
+in this package, so what this face imports when it loads must not import
+hypothesis, httpx or pytest: names that need them are loaded on first use.
 """
 
 from admission.conformance._http_target import ConformanceTargetError, HttpTarget, LifecycleHooks

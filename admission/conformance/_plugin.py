@@ -12,8 +12,9 @@ Two ways to run the kit under pytest:
 
       from admission.conformance import test_retry_contract  # noqa: F401
 
-``--admission-examples`` (default 100) and ``--admission-seed`` (default: a
-random seed, shown in the report) size and fix the run.  A disagreement fails
+``--admission-examples`` (default 100), ``--admission-steps`` (default 30)
+and ``--admission-seed`` (default: a random seed, shown in the report) size
+and fix the run.  A disagreement fails
 the test with the report: the shrunk sequence and its replay record.
 
 Loading the plugin imports nothing heavy (pytest is loaded already):
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Final
 
 import pytest
@@ -57,27 +58,47 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--admission-examples", type=int, default=100, help="cases to run (default 100)")
     group.addoption("--admission-seed", type=int, default=None, help="derandomise the run (default: random)")
+    group.addoption(
+        "--admission-steps", type=int, default=None, help="steps per case (default: the kit's, 30)"
+    )
 
 
-def target_from(spec: str) -> Target:
-    """The target ``spec`` names: an http(s) URL, or ``module:attribute`` (a Target or a factory of one)."""
+def _factory(spec: str) -> Callable[[], Target]:
+    # What the option names, checked without building a target: a bad option is a usage error
+    # at collection, not a failed test.
     if spec.startswith(("http://", "https://")):
-        from admission.conformance._http_target import HttpTarget
 
-        return HttpTarget(spec, token=os.environ.get(ENV_TOKEN) or None)
+        def http() -> Target:
+            from admission.conformance._http_target import HttpTarget
+
+            return HttpTarget(spec, token=os.environ.get(ENV_TOKEN) or None)
+
+        return http
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise pytest.UsageError(
             f"--admission-target: {spec!r} is neither an http(s) URL nor module:attribute"
         )
-    found: object = importlib.import_module(module_name)
-    for part in attribute.split("."):
-        found = getattr(found, part)
-    if not hasattr(found, "admit") and callable(found):
-        found = found()
-    if not (hasattr(found, "admit") and hasattr(found, "capabilities")):
-        raise pytest.UsageError(f"--admission-target: {spec} names neither a Target nor a factory of one")
-    return found  # type: ignore[return-value]
+    try:
+        found: object = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise pytest.UsageError(f"--admission-target: cannot find {spec}: {exc}") from None
+    if hasattr(found, "admit") and hasattr(found, "capabilities") and not isinstance(found, type):
+        target = found
+        return lambda: target  # type: ignore[return-value]
+    if callable(found):
+        return found  # type: ignore[return-value]
+    raise pytest.UsageError(f"--admission-target: {spec} names neither a Target nor a factory of one")
+
+
+def target_from(spec: str) -> Target:
+    """The target ``spec`` names: an http(s) URL, or ``module:attribute`` (a Target or a factory of one)."""
+    target = _factory(spec)()
+    if not (hasattr(target, "admit") and hasattr(target, "capabilities")):
+        raise TypeError(f"--admission-target: {spec} made {type(target).__name__}, not a conformance Target")
+    return target
 
 
 def _closed(target: object) -> None:
@@ -104,12 +125,15 @@ def admission_target(request: pytest.FixtureRequest) -> Iterator[Target]:
 
 
 def _run(target: Target, config: pytest.Config) -> None:
+    from admission.conformance._machine import Options
     from admission.conformance._runner import run_conformance
 
+    steps = config.getoption("admission_steps")
     report = run_conformance(
         target,
         examples=config.getoption("admission_examples"),
         seed=config.getoption("admission_seed"),
+        options=Options() if steps is None else Options(steps=steps),
     )
     if not report.ok:
         pytest.fail(report.text(), pytrace=False)
@@ -145,5 +169,7 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """With ``--admission-target``, add the conformance test: no test file needed."""
-    if config.getoption("admission_target"):
+    spec = config.getoption("admission_target")
+    if spec:
+        _factory(spec)
         items.append(ConformanceItem.from_parent(session, name=_ITEM_NAME))
