@@ -220,7 +220,9 @@ def test_a_server_that_answers_retries_as_fresh_is_caught_shrunk_and_replayed(
 ) -> None:
     saved = tmp_path / "report.json"
     with rewriting_proxy(sqlite_server, "fresh-retries") as url:
-        caught = conformance("--http", url, "--examples", "50", "--seed", "11", "--report", str(saved))
+        caught = conformance(
+            "--http", url, "--examples", "50", "--steps", "10", "--seed", "11", "--report", str(saved)
+        )
         assert caught.returncode == 1, caught.stdout + caught.stderr
         assert caught.stderr == ""
         assert "DISAGREEMENT" in caught.stdout and "minimal failing sequence:" in caught.stdout
