@@ -2,15 +2,22 @@
 
 The adapter interface (:class:`Target`) says what the kit needs of a target; the
 strategies, the reference model, the state machine, the adapters and the runner
-build on it (``docs/conformance.md``).
+build on it (``docs/conformance.md``).  :func:`machine_for` builds the state
+machine over a target; :class:`ServiceTarget` and :class:`AsyncServiceTarget`
+are targets over admission's own services (on any store), :class:`HttpTarget`
+over any server that speaks the wire contract; :func:`run_conformance` runs the
+machine and returns its :class:`Report`.
 
 The pytest plugin (``_plugin``, an entry point that every pytest run loads) lives
 in this package, so what this face imports when it loads must not import
-hypothesis, httpx or pytest: names that need them are loaded on first use.
+hypothesis, httpx or pytest: the names that need them are loaded on first use.
 """
+
+from typing import TYPE_CHECKING
 
 from admission.conformance._http_target import ConformanceTargetError, HttpTarget, LifecycleHooks
 from admission.conformance._runner import Failure, Report, load_replay, run_conformance
+from admission.conformance._service_targets import AsyncServiceTarget, ServiceTarget
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -24,6 +31,10 @@ from admission.conformance._target import (
     Target,
 )
 
+if TYPE_CHECKING:
+    from admission.conformance._machine import Options, Stats, machine_for
+    from admission.conformance._plugin import test_retry_contract
+
 __all__ = [
     "CAPABILITIES",
     "CLOCK",
@@ -33,21 +44,32 @@ __all__ = [
     "PRUNE",
     "REFUSAL_REASONS",
     "Answer",
+    "AsyncServiceTarget",
     "ConformanceTargetError",
     "Failure",
     "HttpTarget",
     "LifecycleHooks",
+    "Options",
     "Refusal",
     "Report",
+    "ServiceTarget",
+    "Stats",
     "Target",
     "load_replay",
+    "machine_for",
     "run_conformance",
     "test_retry_contract",
 ]
 
+_MACHINE_NAMES = frozenset({"Options", "Stats", "machine_for"})
+
 
 def __getattr__(name: str) -> object:
-    # The pytest test is loaded on demand, so that ``import admission.conformance`` never imports pytest.
+    # The machine (hypothesis) and the pytest test (pytest) load on first use.
+    if name in _MACHINE_NAMES:
+        from admission.conformance import _machine
+
+        return getattr(_machine, name)
     if name == "test_retry_contract":
         from admission.conformance._plugin import test_retry_contract
 
