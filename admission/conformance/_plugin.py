@@ -89,7 +89,7 @@ def _factory(spec: str) -> Callable[[], Target]:
         target = found
         return lambda: target  # type: ignore[return-value]
     if callable(found):
-        return found  # type: ignore[return-value]
+        return found
     raise pytest.UsageError(f"--admission-target: {spec} names neither a Target nor a factory of one")
 
 
