@@ -20,9 +20,15 @@ PURE_MODULES = {
     "admission._bounds",
     "admission._table",
     "admission.client._errors",
+    "admission.conformance._admit_rules",
+    "admission.conformance._driver",
+    "admission.conformance._engine_rules",
+    "admission.conformance._machine",
+    "admission.conformance._model",
     "admission.conformance._spellings",
     "admission.conformance._strategies",
     "admission.conformance._target",
+    "admission.conformance._vocabulary",
     "admission.errors",
     "admission.http._codecs",
     "admission.http._stored",
@@ -174,6 +180,7 @@ ALLOWED = {
     "http": {"admission", "aio", "receipts", "intent", "errors"},
     "client": {"http", "intent", "errors"},
     "testing": {"worker", "jobs", "errors"},
+    "conformance": {"http", "admission", "aio", "sql", "receipts", "states", "intent", "errors"},
     "cli": set(architecture.PARTS) - {"cli"},
 }
 """Which parts each part may import: edges -> services -> ports -> rules -> intent -> errors;
