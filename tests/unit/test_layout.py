@@ -25,6 +25,7 @@ PURE_MODULES = {
     "admission.conformance._engine_rules",
     "admission.conformance._machine",
     "admission.conformance._model",
+    "admission.conformance._spellings",
     "admission.conformance._strategies",
     "admission.conformance._target",
     "admission.conformance._vocabulary",
@@ -179,6 +180,7 @@ ALLOWED = {
     "http": {"admission", "aio", "receipts", "intent", "errors"},
     "client": {"http", "intent", "errors"},
     "testing": {"worker", "jobs", "errors"},
+    "conformance": {"http", "admission", "aio", "sql", "receipts", "states", "intent", "errors"},
     "cli": set(architecture.PARTS) - {"cli"},
 }
 """Which parts each part may import: edges -> services -> ports -> rules -> intent -> errors;
