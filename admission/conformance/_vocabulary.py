@@ -15,7 +15,8 @@ from typing import Final
 
 from hypothesis import strategies as st
 
-from admission.conformance._strategies import argument_pools, key_pools, same_value_variants
+from admission.conformance._spellings import same_value_variants
+from admission.conformance._strategies import argument_pools, key_pools
 from admission.errors import AdmissionError
 from admission.intent._encoding import canonical_encode
 
