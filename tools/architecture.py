@@ -26,6 +26,7 @@ PARTS = (
     "cli",
     "http",
     "client",
+    "conformance",
     "testing",
     "aio",
     "admission",

@@ -41,6 +41,7 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
+    "EXIT_TARGET",
     "EXIT_UNSTAMPED",
     "Commands",
     "UsageError",
@@ -83,6 +84,9 @@ EXIT_AMBIGUOUS = 10
 
 EXIT_OWNED = 11
 """``worker``: another worker holds the queue's file lock or live lease, or this worker was fenced."""
+
+EXIT_TARGET = 12
+"""``conformance``: the target could not be reached or answered outside the contract (401, 403, a 5xx)."""
 
 EXIT_INTERNAL = 70
 """An error admission did not foresee (a bug): one line naming it, never a traceback (``EX_SOFTWARE``)."""

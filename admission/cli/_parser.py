@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final, NoReturn
 
-from admission.cli import _db, _intent, _jobs, _receipts, _serve, _token, _worker
+from admission.cli import _conformance, _db, _intent, _jobs, _receipts, _serve, _token, _worker
 from admission.cli._common import (
     ENV_DB,
     ENV_SCHEMA,
@@ -55,7 +55,14 @@ if TYPE_CHECKING:
     from _typeshed import SupportsWrite
 
 WITHOUT_DATABASE: Final = frozenset(
-    {("intent",), ("vectors", "verify"), ("token", "create"), ("token", "list"), ("token", "revoke")}
+    {
+        ("intent",),
+        ("vectors", "verify"),
+        ("token", "create"),
+        ("token", "list"),
+        ("token", "revoke"),
+        ("conformance",),
+    }
 )
 """The commands that need no database; every other command takes ``--db`` before or after its name."""
 
@@ -132,6 +139,7 @@ def _build_parser(*, worker_commands: bool) -> argparse.ArgumentParser:
     _demo_parser(commands)
     _worker.add_parser(commands, with_commands=worker_commands)
     _jobs.add_parser(commands)
+    _conformance.add_parser(commands)
     # Added here, once, rather than by each group: a command added later
     # cannot forget them, and ``--db`` and ``--schema`` mean the same wherever
     # they are written.

@@ -5,6 +5,8 @@ strategies, the reference model, the state machine, the adapters and the runner
 build on it (``docs/conformance.md``).
 """
 
+from admission.conformance._http_target import ConformanceTargetError, HttpTarget, LifecycleHooks
+from admission.conformance._runner import Failure, Report, load_replay, run_conformance
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -27,6 +29,13 @@ __all__ = [
     "PRUNE",
     "REFUSAL_REASONS",
     "Answer",
+    "ConformanceTargetError",
+    "Failure",
+    "HttpTarget",
+    "LifecycleHooks",
     "Refusal",
+    "Report",
     "Target",
+    "load_replay",
+    "run_conformance",
 ]

@@ -8,7 +8,8 @@ wire contract (``docs/http.md``; contract §2, §4, §7):
   ``.../runs/{run_id}/signal/{name}``;
 - ``POST /api/workflows/{workflow_id}/update/{name}`` and
   ``.../runs/{run_id}/update/{name}``, with an optional wait for completion;
-- ``GET /api/workflows/{workflow_id}/receipts/{command_type}?request_id=KEY``.
+- ``GET /api/workflows/{workflow_id}/receipts/{command_type}?request_id=KEY``;
+- the engine's routes, for runs and the progress of commands (``_lifecycle``).
 
 The namespace comes from the ``X-Namespace`` header (default ``default``),
 percent-encoded UTF-8.  With an ``authorize`` hook, every request is
@@ -38,7 +39,6 @@ Requires the ``http`` extra (FastAPI, uvicorn).
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -60,13 +60,23 @@ from admission.errors import (
     ReservedRequestIdError,
     StorageError,
 )
-from admission.http._auth import install_gate, request_namespace
+from admission.http._auth import install_gate
 from admission.http._codecs import Codec, default_codecs
+from admission.http._lifecycle import install_lifecycle_routes
 from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS, BodyLimit, check_max_body_bytes
 from admission.http._serving import awaited
 from admission.http._stored import StoreArguments, admitted_arguments, check_store_arguments
 from admission.http._tokens import DEFAULT_NAMESPACE, NAMESPACE_HEADER, Authorizer
 from admission.http._waits import WaitSlots, poll_delays, too_many_waits, wait_for_completion
+from admission.http._wire import (
+    AdmissionAnswer,
+    Envelope,
+    ErrorBody,
+    NamespaceHeader,
+    WorkflowIdPath,
+    error_response,
+    strict_body,
+)
 from admission.intent._keys import normalize_request_id
 from admission.receipts._rules import Admission, Decision
 from admission.receipts._service import AdmissionService
@@ -97,15 +107,6 @@ DEFAULT_WAIT_SECONDS: Final = 10.0
 # -- bodies --------------------------------------------------------------------------------
 
 
-class Envelope(BaseModel):
-    """A codec envelope: the codec's name and the blob it decodes."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    codec: str = Field(description="The codec's name: `json`, `cbor`, or one the server adds (`aes-gcm`).")
-    blob: str = Field(description="The codec's text form of the arguments (a list or an object).")
-
-
 class SignalRequest(BaseModel):
     """The body of a signal."""
 
@@ -128,30 +129,6 @@ class UpdateRequest(SignalRequest):
     wait_timeout_seconds: float = Field(
         default=DEFAULT_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False
     )
-
-
-class ErrorBody(BaseModel):
-    """The shape of every 4xx/5xx body: at least ``reason`` and ``message``."""
-
-    model_config = ConfigDict(extra="allow")
-
-    reason: str
-    message: str
-
-
-class AdmissionAnswer(BaseModel):
-    """An admission answer: ``Admission.to_dict()`` (contract §4)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    outcome: str
-    http_status: int
-    namespace: str
-    workflow_id: str
-    command_type: Literal["signal", "update"]
-    request_id: str | None
-    retained: bool
-    intent_verified: bool
 
 
 _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
@@ -213,26 +190,6 @@ def _respond(answer: Admission) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def _json_safe(value: object) -> object:
-    # Only what strict JSON in UTF-8 can carry goes back into an error body.
-    try:
-        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except (TypeError, ValueError, UnicodeEncodeError):
-        return None
-    return value
-
-
-def _error(status: int, reason: str, message: str, **extra: object) -> JSONResponse:
-    body: dict[str, object] = {"reason": reason, "message": message}
-    for name, value in extra.items():
-        safe = _json_safe(value)
-        if safe is not None:
-            body[name] = safe
-    if status >= 500:
-        body.setdefault("retryable", status == 503)
-    return JSONResponse(body, status_code=status)
-
-
 def _field_of(loc: tuple[int | str, ...]) -> str:
     # ("body", "input", "blob") -> "input.blob"; ("path", "workflow_id") -> "workflow_id";
     # ("body",) -> "body"; the header's alias as sent.
@@ -258,7 +215,7 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
     first = details[0] if details else {"field": "body", "message": "invalid request"}
     field = str(first["field"])
     reason = "request_id_invalid" if field == "request_id" else "input_invalid"
-    return _error(422, reason, f"{field}: {first['message']}", field=field, errors=details)
+    return error_response(422, reason, f"{field}: {first['message']}", field=field, errors=details)
 
 
 # -- the app -------------------------------------------------------------------------------
@@ -291,36 +248,7 @@ class _EchoRequestId:
         await self.app(scope, receive, send_echoing)
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise InvalidValueError(f"duplicate object key {key!r}", field="body", path="")
-        result[key] = value
-    return result
-
-
-def _refuse_constant(name: str) -> float:
-    raise InvalidValueError(f"{name} is not JSON", field="body", path="")
-
-
-async def _strict_body(request: Request) -> None:
-    # The framework's JSON parser keeps the last of duplicate keys and accepts
-    # NaN; a body whose meaning depends on that is refused instead.  The body
-    # is parsed twice, here and by the framework; BodyLimit bounds both.
-    raw = await request.body()
-    if raw.strip():
-        try:
-            json.loads(raw, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
-        except (ValueError, RecursionError) as exc:
-            if isinstance(exc, InvalidValueError):
-                raise
-            # Malformed JSON is reported by the framework's own parse.
-
-
 # Parameter types, at module level so the framework can resolve them.
-_Namespace = Annotated[str, Depends(request_namespace)]
-_WorkflowId = Annotated[str, Path(description="The workflow instance.")]
 _RunId = Annotated[str, Path(description="The selected run (run scope).")]
 _Name = Annotated[str, Path(description="The signal's or update's name.")]
 _CommandType = Annotated[Literal["signal", "update"], Path(description="`signal` or `update`.")]
@@ -425,7 +353,7 @@ def create_app(
                 waits.release()
         return _respond(answer)
 
-    strict = [Depends(_strict_body)]
+    strict = [Depends(strict_body)]
 
     @app.post(
         "/api/workflows/{workflow_id}/signal/{name}",
@@ -435,10 +363,10 @@ def create_app(
         summary="Signal a workflow instance",
     )
     async def signal_instance(
-        workflow_id: _WorkflowId,
+        workflow_id: WorkflowIdPath,
         name: _Name,
         body: _SignalBody = None,
-        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+        x_namespace: NamespaceHeader = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
         return await admit("signal", x_namespace, workflow_id, name, None, body)
 
@@ -450,11 +378,11 @@ def create_app(
         summary="Signal a selected run",
     )
     async def signal_run(
-        workflow_id: _WorkflowId,
+        workflow_id: WorkflowIdPath,
         run_id: _RunId,
         name: _Name,
         body: _SignalBody = None,
-        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+        x_namespace: NamespaceHeader = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
         return await admit("signal", x_namespace, workflow_id, name, run_id, body)
 
@@ -466,11 +394,11 @@ def create_app(
         summary="Send an update to a workflow instance",
     )
     async def update_instance(
-        workflow_id: _WorkflowId,
+        workflow_id: WorkflowIdPath,
         name: _Name,
         request: Request,
         body: _UpdateBody = None,
-        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+        x_namespace: NamespaceHeader = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
         return await admit("update", x_namespace, workflow_id, name, None, body, request)
 
@@ -482,12 +410,12 @@ def create_app(
         summary="Send an update to a selected run",
     )
     async def update_run(
-        workflow_id: _WorkflowId,
+        workflow_id: WorkflowIdPath,
         run_id: _RunId,
         name: _Name,
         request: Request,
         body: _UpdateBody = None,
-        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+        x_namespace: NamespaceHeader = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
         return await admit("update", x_namespace, workflow_id, name, run_id, body, request)
 
@@ -497,17 +425,17 @@ def create_app(
         summary="Read the receipt a key names",
     )
     async def read_receipt(
-        workflow_id: _WorkflowId,
+        workflow_id: WorkflowIdPath,
         command_type: _CommandType,
         request_id: _Key,
-        x_namespace: _Namespace = DEFAULT_NAMESPACE,
+        x_namespace: NamespaceHeader = DEFAULT_NAMESPACE,
     ) -> JSONResponse:
         key = normalize_request_id(request_id)
         if key is None:
             raise InvalidRequestIdError("must not be blank", request_id=request_id)
         answer = await calls.receipt(x_namespace, workflow_id, command_type, key)
         if answer is None:
-            return _error(
+            return error_response(
                 404,
                 "receipt_not_found",
                 f"no {command_type} receipt for request_id {key!r}",
@@ -516,6 +444,7 @@ def create_app(
             )
         return _respond(answer)
 
+    install_lifecycle_routes(app, calls, registry)
     _install_error_handlers(app)
     return app
 
@@ -529,10 +458,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 400:
             # The framework could not parse the body (not JSON, bad form data): invalid input.
-            return _error(422, "input_invalid", f"body: {exc.detail}", field="body")
+            return error_response(422, "input_invalid", f"body: {exc.detail}", field="body")
         reasons = {404: "not_found", 405: "method_not_allowed"}
         reason = reasons.get(exc.status_code, "http_error")
-        response = _error(exc.status_code, reason, str(exc.detail))
+        response = error_response(exc.status_code, reason, str(exc.detail))
         if exc.headers:
             response.headers.update(exc.headers)
         return response
@@ -540,18 +469,18 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def on_admission_error(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, AdmissionError)
         if isinstance(exc, (InvalidRequestIdError, ReservedRequestIdError)):
-            return _error(422, exc.code, exc.message, field="request_id", request_id=exc.request_id)
+            return error_response(422, exc.code, exc.message, field="request_id", request_id=exc.request_id)
         if isinstance(exc, InvalidValueError):
-            return _error(422, "input_invalid", exc.message, field=exc.field)
+            return error_response(422, "input_invalid", exc.message, field=exc.field)
         if isinstance(exc, InvalidCommandTypeError):
-            return _error(422, "input_invalid", exc.message, field="command_type")
+            return error_response(422, "input_invalid", exc.message, field="command_type")
         if isinstance(exc, StorageError):
             # Retryable: nothing was committed, or the retry finds the receipt.
-            return _error(503, "storage_unavailable", exc.message)
-        return _error(500, exc.code, exc.message)
+            return error_response(503, "storage_unavailable", exc.message)
+        return error_response(500, exc.code, exc.message)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        answer = _error(500, "internal_error", f"{type(exc).__name__} while handling the request")
+        answer = error_response(500, "internal_error", f"{type(exc).__name__} while handling the request")
         # Starlette answers an unhandled exception outside every middleware,
         # _EchoRequestId included, so the echo is made here for this one answer.
         echoed = request.headers.get(REQUEST_ID_HEADER)

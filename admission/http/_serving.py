@@ -15,6 +15,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from admission.aio import AsyncAdmissionService
+from admission.receipts._answers import RunInfo
 from admission.receipts._rules import Admission
 from admission.receipts._service import AdmissionService
 
@@ -35,6 +36,26 @@ class _InThreads:
 
     async def receipt(self, *args: Any, **kwargs: Any) -> Admission | None:
         return await run_in_threadpool(functools.partial(self._service.receipt, *args, **kwargs))
+
+    # The engine's side (``_lifecycle``): runs and the progress of commands.
+
+    async def start_run(self, *args: Any, **kwargs: Any) -> RunInfo:
+        return await run_in_threadpool(functools.partial(self._service.start_run, *args, **kwargs))
+
+    async def close_run(self, *args: Any, **kwargs: Any) -> RunInfo:
+        return await run_in_threadpool(functools.partial(self._service.close_run, *args, **kwargs))
+
+    async def continue_as_new(self, *args: Any, **kwargs: Any) -> RunInfo:
+        return await run_in_threadpool(functools.partial(self._service.continue_as_new, *args, **kwargs))
+
+    async def apply_signal(self, *args: Any, **kwargs: Any) -> Admission:
+        return await run_in_threadpool(functools.partial(self._service.apply_signal, *args, **kwargs))
+
+    async def complete_update(self, *args: Any, **kwargs: Any) -> Admission:
+        return await run_in_threadpool(functools.partial(self._service.complete_update, *args, **kwargs))
+
+    async def fail_update(self, *args: Any, **kwargs: Any) -> Admission:
+        return await run_in_threadpool(functools.partial(self._service.fail_update, *args, **kwargs))
 
 
 AwaitedService = AsyncAdmissionService | _InThreads

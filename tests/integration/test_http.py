@@ -487,6 +487,13 @@ def test_the_openapi_document_describes_the_routes_and_the_error_shape(client: T
         "/api/workflows/{workflow_id}/update/{name}",
         "/api/workflows/{workflow_id}/runs/{run_id}/update/{name}",
         "/api/workflows/{workflow_id}/receipts/{command_type}",
+        # The engine's routes (tests/integration/test_http_lifecycle.py).
+        "/api/workflows/{workflow_id}/runs",
+        "/api/workflows/{workflow_id}/close",
+        "/api/workflows/{workflow_id}/continue-as-new",
+        "/api/workflows/{workflow_id}/signals/{command_id}/apply",
+        "/api/workflows/{workflow_id}/updates/{update_id}/complete",
+        "/api/workflows/{workflow_id}/updates/{update_id}/fail",
     }
     schemas = document["components"]["schemas"]
     assert "HTTPValidationError" not in schemas

@@ -172,6 +172,7 @@ ALLOWED = {
     "http": {"admission", "aio", "receipts", "intent", "errors"},
     "client": {"http", "intent", "errors"},
     "testing": {"worker", "jobs", "errors"},
+    "conformance": {"http", "admission", "aio", "sql", "receipts", "states", "intent", "errors"},
     "cli": set(architecture.PARTS) - {"cli"},
 }
 """Which parts each part may import: edges -> services -> ports -> rules -> intent -> errors;
