@@ -6,19 +6,22 @@ the median and the largest number of examples hypothesis ran until its first
 failure, the median number of target calls in the shrunk counterexample, and
 the seconds spent.  ``docs/conformance.md`` quotes the table.
 
-Usage: ``python tools/conformance_mutants.py [--seeds K] [--examples N] [--steps S] [MUTANT ...]``
-(from the repository root; ``--correct`` adds the correct target as a control row).  The seconds
-are those of the ``run_conformance`` calls (search and shrinking); the examples to the first
-failure come from a second, generate-only run of the same seed.
+Usage: ``python tools/conformance_mutants.py [--seeds K] [--examples N] [--steps S] [--jobs J]
+[--correct] [MUTANT ...]`` from the repository root; ``--correct`` adds the correct target as a
+control row, ``--jobs`` runs seeds in parallel processes.  Each seed is first searched without
+shrinking, which gives the examples to the first failure; a seed that caught the mutant is run
+again through ``run_conformance``, whose shrunk counterexample gives the length, and whose time
+is the seconds (for a seed that caught nothing, the search's time: the same run).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from admission.conformance import Options, Target, machine_for, run_conformance  # noqa: E402
 from tests.support.mutants import MUTANTS, memory_target  # noqa: E402
+
+CORRECT = "(correct)"
+"""The control row: the correct target, which must never be caught."""
 
 
 @dataclass
@@ -54,7 +60,7 @@ class Row:
         ]
 
 
-def examples_to_first_failure(target: Target, examples: int, seed: int, options: Options) -> int:
+def first_failure(target: Target, examples: int, seed: int, options: Options) -> int:
     """How many examples the seeded search runs until its first failure (``0``: none failed).
 
     The same search as ``run_conformance`` (same seed, settings and machine), with the
@@ -82,20 +88,43 @@ def examples_to_first_failure(target: Target, examples: int, seed: int, options:
     return 0
 
 
-def measure(name: str, make: Callable[[], Target], seeds: int, examples: int, options: Options) -> Row:
-    """Run the kit against a fresh ``make()`` for every seed."""
+def one_seed(job: tuple[str, int, int, Options]) -> tuple[int, int, float]:
+    """One mutant, one seed: (examples to the first failure or 0, shrunk calls, seconds).
+
+    The seeded search runs first without shrinking; only a seed that caught the mutant is run
+    again through ``run_conformance`` for its shrunk counterexample (the seconds are those of
+    that call, search and shrinking; else of the search alone, which is what the full run
+    would have cost)."""
+    name, seed, examples, options = job
+    make = memory_target if name == CORRECT else MUTANTS[name]
+    started = time.perf_counter()
+    first = first_failure(make(), examples, seed, options)
+    if not first:
+        return 0, 0, time.perf_counter() - started
+    started = time.perf_counter()
+    report = run_conformance(make(), examples=examples, seed=seed, options=options)
+    seconds = time.perf_counter() - started
+    if report.failure is None:  # the shrinking run must find what the search found
+        raise AssertionError(f"{name}, seed {seed}: caught by the search, not by run_conformance")
+    return first, len(report.failure.trace), seconds
+
+
+def measure(name: str, seeds: int, examples: int, options: Options, jobs: int) -> Row:
+    """Run the kit against a fresh target for every seed (``jobs`` processes at once)."""
     row = Row(name)
-    for seed in range(seeds):
-        started = time.perf_counter()
-        report = run_conformance(make(), examples=examples, seed=seed, options=options)
-        row.seconds += time.perf_counter() - started
+    work = [(name, seed, examples, options) for seed in range(seeds)]
+    if jobs > 1:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            results = pool.map(one_seed, work)
+    else:
+        results = [one_seed(job) for job in work]
+    for first, length, seconds in results:
         row.runs += 1
-        if report.ok:
-            continue
-        row.caught += 1
-        assert report.failure is not None
-        row.lengths.append(len(report.failure.trace))
-        row.examples.append(examples_to_first_failure(make(), examples, seed, options))
+        row.seconds += seconds
+        if first:
+            row.caught += 1
+            row.examples.append(first)
+            row.lengths.append(length)
     return row
 
 
@@ -120,15 +149,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="seeds per mutant (K, default 20)")
     parser.add_argument("--examples", type=int, default=100, help="examples per run (default 100)")
     parser.add_argument("--steps", type=int, default=None, help="steps per example (the kit's default)")
+    parser.add_argument("--jobs", type=int, default=1, help="processes (seeds run in parallel)")
     parser.add_argument("--correct", action="store_true", help="add the correct target as a control row")
     args = parser.parse_args(argv)
     options = Options() if args.steps is None else Options(steps=args.steps)
     rows = []
-    for name in args.mutants or MUTANTS:
-        rows.append(measure(name, MUTANTS[name], args.seeds, args.examples, options))
-        print(f"{name}: {rows[-1].caught}/{rows[-1].runs}", file=sys.stderr, flush=True)
-    if args.correct:
-        rows.append(measure("(correct)", memory_target, args.seeds, args.examples, options))
+    for name in [*(args.mutants or MUTANTS), *([CORRECT] if args.correct else [])]:
+        rows.append(measure(name, args.seeds, args.examples, options, args.jobs))
+        print(
+            f"{name}: {rows[-1].caught}/{rows[-1].runs}, {rows[-1].seconds:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     print(table(rows))
     return 0
 
