@@ -62,7 +62,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     try:
         import hypothesis  # noqa: F401
 
-        from admission.conformance import HttpTarget, Options, run_conformance
+        from admission.conformance import HttpTarget, Options, load_replay, run_conformance
     except ImportError as exc:
         raise UsageError(
             "conformance", f"needs the conformance extra: pip install 'admission[conformance]' ({exc})"
@@ -88,10 +88,17 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
         chosen["concurrency"] = _positive(args.concurrency, "--concurrency", 64)
     if args.lost_responses:
         chosen["lost_responses"] = True
-    if args.replay is not None and (chosen or args.seed is not None):
-        raise UsageError("--replay", "replays the recorded seed and options: give no other run options")
+    replay: dict[str, object] | None = None
+    if args.replay is not None:
+        if chosen or args.seed is not None:
+            raise UsageError("--replay", "replays the recorded seed and options: give no other run options")
+        try:
+            replay = load_replay(args.replay)
+        except InvalidValueError as exc:
+            raise UsageError("--replay", exc.reason) from None
     try:
-        target = HttpTarget(args.http, token=token, timeout=args.timeout)
+        probe = args.namespace[0] if args.namespace else Options().namespaces[0]
+        target = HttpTarget(args.http, token=token, timeout=args.timeout, probe_namespace=probe)
     except InvalidValueError as exc:
         raise UsageError("--http" if exc.field == "url" else f"--{exc.field}", exc.reason) from None
     except ConformanceTargetError as exc:
@@ -103,7 +110,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
             examples=examples,
             seed=args.seed,
             options=Options(**chosen),  # type: ignore[arg-type]
-            replay=args.replay,
+            replay=replay,
         )
     except ConformanceTargetError as exc:
         print_error(exc)

@@ -265,7 +265,7 @@ def run_conformance(
         raise InvalidValueError("must be a positive integer", field="examples", path="")
     if seed is None:
         seed = secrets.randbelow(2**32)
-    machine = machine_for(_Guarded(target), options)  # type: ignore[arg-type]
+    machine = machine_for(_Guarded(target), options)
     missing = sorted(CAPABILITIES - set(target.capabilities))
     if missing:
         notes.append(f"the target lacks {', '.join(missing)}: the rules that need them were not run")
