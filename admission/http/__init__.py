@@ -61,6 +61,7 @@ if TYPE_CHECKING:
         create_app,
     )
     from admission.http._auth import principal_in
+    from admission.http._lifecycle import is_engine_path
 
 _APP_NAMES = frozenset(
     {
@@ -78,6 +79,7 @@ _APP_NAMES = frozenset(
     }
 )
 _AUTH_NAMES = frozenset({"principal_in"})
+_LIFECYCLE_NAMES = frozenset({"is_engine_path"})
 
 
 def __getattr__(name: str) -> object:
@@ -90,6 +92,10 @@ def __getattr__(name: str) -> object:
         from admission.http import _auth
 
         return getattr(_auth, name)
+    if name in _LIFECYCLE_NAMES:
+        from admission.http import _lifecycle
+
+        return getattr(_lifecycle, name)
     raise AttributeError(f"module 'admission.http' has no attribute {name!r}")
 
 
@@ -133,6 +139,7 @@ __all__ = [
     "default_codecs",
     "encode_namespace",
     "envelope",
+    "is_engine_path",
     "mint_token",
     "open_arguments",
     "parse_json_value",

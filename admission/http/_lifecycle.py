@@ -25,6 +25,7 @@ what a caller's retry of the command gets, not the status of this answer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Final, Literal
 
@@ -59,13 +60,29 @@ __all__ = [
     "RunAnswer",
     "StartRunRequest",
     "install_lifecycle_routes",
+    "is_engine_path",
 ]
 
 CLOSING_STATUSES: Final = ("completed", "failed", "cancelled", "terminated")
 """What ``close`` may close a run as; ``continued`` is reached only through ``continue-as-new``."""
 
+# The engine's paths as the router matches them: a path segment is anything but "/".
+_ENGINE_PATH: Final = re.compile(
+    r"/api/workflows/[^/]+/(?:runs|close|continue-as-new|signals/[^/]+/apply|updates/[^/]+/(?:complete|fail))"
+)
+
 _ClosingStatus = Literal["completed", "failed", "cancelled", "terminated"]
 _RUN_ID_TEXT: Final = "1 to 36 characters"
+
+
+def is_engine_path(path: str) -> bool:
+    """Whether ``path`` (inside the app, as ``AuthRequest.path`` gives it) is one of the engine's
+    routes: starting, closing or continuing a run, applying a signal, completing or failing an update.
+
+    An authorizer that serves callers and the engine on one app refuses these paths to callers
+    (``docs/http.md``, "Who may call the engine's routes").
+    """
+    return _ENGINE_PATH.fullmatch(path) is not None
 
 
 # -- bodies --------------------------------------------------------------------------------

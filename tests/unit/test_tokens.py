@@ -92,6 +92,7 @@ def test_the_http_face_is_pinned() -> None:
             "default_codecs",
             "encode_namespace",
             "envelope",
+            "is_engine_path",
             "mint_token",
             "parse_json_value",
             "principal_in",
