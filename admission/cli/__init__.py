@@ -12,7 +12,9 @@ lifecycle call that does not fit; for ``worker``: a full queue, a record
 outside the scope, a record in the wrong state; for ``jobs``: an event that
 does not fit the job's state); 9 ``request_id_conflict`` (``worker accept``:
 changed content under an accepted key); 10 ``request_id_ambiguous``; 11
-another worker owns the queue (file lock or lease) or this one was fenced; 5
+another worker owns the queue (file lock or lease) or this one was fenced; 12
+``conformance``: the target could not be reached or answered outside the
+contract; 5
 a storage failure; 6 the database holds admission's tables but records no
 revision (``db upgrade --adopt`` adopts them); 7 ``db upgrade --adopt``
 refused: the tables differ from revision ``0001``; 70 an error admission did
@@ -37,6 +39,7 @@ from admission.cli._common import (
     EXIT_REFUSED,
     EXIT_SCHEMA,
     EXIT_STORAGE,
+    EXIT_TARGET,
     EXIT_UNSTAMPED,
 )
 from admission.cli._parser import build_parser, main
@@ -56,6 +59,7 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_SCHEMA",
     "EXIT_STORAGE",
+    "EXIT_TARGET",
     "EXIT_UNSTAMPED",
     "build_parser",
     "main",

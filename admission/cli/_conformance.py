@@ -59,6 +59,12 @@ def _positive(value: int, option: str, bound: int) -> int:
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
+    if args.token is not None:
+        raise UsageError(
+            "--token",
+            f"is not taken on the command line, where every user of the machine can read it: "
+            f"set ${ENV_TOKEN} or give --token-file",
+        )
     try:
         import hypothesis  # noqa: F401
 
@@ -165,4 +171,6 @@ def add_parser(commands: Commands) -> None:
         "--token-file", metavar="FILE", help=f"read the bearer token from FILE (default: ${ENV_TOKEN})"
     )
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
+    # Refused with its own message (and never echoed): a token on a command line is in the process list.
+    parser.add_argument("--token", help=argparse.SUPPRESS)
     parser.set_defaults(handler=_cmd_conformance)

@@ -34,6 +34,18 @@ from admission.conformance._target import (
 if TYPE_CHECKING:
     from admission.conformance._machine import Options, Stats, machine_for
     from admission.conformance._plugin import test_retry_contract
+    from admission.conformance._strategies import (
+        CommandSpec,
+        argument_pools,
+        arguments,
+        command_keys,
+        command_sequences,
+        intent_values,
+        key_pools,
+        same,
+        same_value_variants,
+        twins,
+    )
 
 __all__ = [
     "CAPABILITIES",
@@ -45,6 +57,7 @@ __all__ = [
     "REFUSAL_REASONS",
     "Answer",
     "AsyncServiceTarget",
+    "CommandSpec",
     "ConformanceTargetError",
     "Failure",
     "HttpTarget",
@@ -55,21 +68,48 @@ __all__ = [
     "ServiceTarget",
     "Stats",
     "Target",
+    "argument_pools",
+    "arguments",
+    "command_keys",
+    "command_sequences",
+    "intent_values",
+    "key_pools",
     "load_replay",
     "machine_for",
     "run_conformance",
+    "same",
+    "same_value_variants",
     "test_retry_contract",
+    "twins",
 ]
 
 _MACHINE_NAMES = frozenset({"Options", "Stats", "machine_for"})
+_STRATEGY_NAMES = frozenset(
+    {
+        "CommandSpec",
+        "argument_pools",
+        "arguments",
+        "command_keys",
+        "command_sequences",
+        "intent_values",
+        "key_pools",
+        "same",
+        "same_value_variants",
+        "twins",
+    }
+)
 
 
 def __getattr__(name: str) -> object:
-    # The machine (hypothesis) and the pytest test (pytest) load on first use.
+    # The machine and the strategies (hypothesis) and the pytest test (pytest) load on first use.
     if name in _MACHINE_NAMES:
         from admission.conformance import _machine
 
         return getattr(_machine, name)
+    if name in _STRATEGY_NAMES:
+        from admission.conformance import _strategies
+
+        return getattr(_strategies, name)
     if name == "test_retry_contract":
         from admission.conformance._plugin import test_retry_contract
 

@@ -167,7 +167,8 @@ class HttpTarget:
     ``"none"`` goes without; a :class:`LifecycleHooks` uses the hooks.
     ``probe_namespace`` is the namespace that question is asked in (one the
     token is granted).  ``timeout`` bounds each request in seconds.  Safe to share between
-    threads: each thread has its own connection pool (keep-alive).
+    threads: each caller at a time has its own client (keep-alive connections), from a
+    pool that grows to the most callers ever at once.
     """
 
     strips_keys: bool = True
@@ -199,8 +200,8 @@ class HttpTarget:
         self._timeout = timeout
         self.name = name if name is not None else _shown(url)
         self.now = datetime.now(UTC)
-        self._local = threading.local()
         self._clients: list[httpx.Client] = []
+        self._idle: list[httpx.Client] = []
         self._lock = threading.Lock()
         self._hooks = lifecycle if isinstance(lifecycle, LifecycleHooks) else None
         if isinstance(lifecycle, LifecycleHooks):
@@ -229,19 +230,27 @@ class HttpTarget:
 
     # -- transport ------------------------------------------------------------------------------
 
-    def _client(self) -> httpx.Client:
-        client: httpx.Client | None = getattr(self._local, "client", None)
-        if client is None:
-            client = self._httpx.Client(timeout=self._timeout)
-            self._local.client = client
-            with self._lock:
-                self._clients.append(client)
+    def _take(self) -> httpx.Client:
+        # A client per caller at a time, returned after its request: the concurrent mode's
+        # threads come and go, and the pool (keep-alive connections) stays as large as the
+        # most callers ever at once.
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        client = self._httpx.Client(timeout=self._timeout)
+        with self._lock:
+            self._clients.append(client)
         return client
 
-    def close(self) -> None:
-        """Close every thread's connections."""
+    def _give_back(self, client: httpx.Client) -> None:
         with self._lock:
-            clients, self._clients = self._clients, []
+            if client in self._clients:
+                self._idle.append(client)
+
+    def close(self) -> None:
+        """Close every connection."""
+        with self._lock:
+            clients, self._clients, self._idle = self._clients, [], []
         for client in clients:
             client.close()
 
@@ -267,14 +276,17 @@ class HttpTarget:
             headers["content-type"] = "application/json"
             # ASCII JSON: a key holding a lone surrogate travels as its escape and the server judges it.
             content = json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        client = self._take()
         try:
-            response = self._client().request(
+            response = client.request(
                 method, self._base + path, content=content, params=params, headers=headers
             )
         except self._httpx.HTTPError as exc:
             raise ConformanceTargetError(
-                f"{self.name} could not be reached: {type(exc).__name__}: {exc}"
+                f"{self.name} could not be reached or did not answer: {type(exc).__name__}: {exc}"
             ) from None
+        finally:
+            self._give_back(client)
         parsed: object = None
         try:
             parsed = response.json()

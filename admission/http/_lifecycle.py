@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Literal, get_args
 
 from fastapi import Body, Depends, FastAPI, Path, Request
 from fastapi.responses import JSONResponse
@@ -63,16 +63,14 @@ __all__ = [
     "is_engine_path",
 ]
 
-CLOSING_STATUSES: Final = ("completed", "failed", "cancelled", "terminated")
+_ClosingStatus = Literal["completed", "failed", "cancelled", "terminated"]
+CLOSING_STATUSES: Final[tuple[str, ...]] = get_args(_ClosingStatus)
 """What ``close`` may close a run as; ``continued`` is reached only through ``continue-as-new``."""
 
 # The engine's paths as the router matches them: a path segment is anything but "/".
 _ENGINE_PATH: Final = re.compile(
     r"/api/workflows/[^/]+/(?:runs|close|continue-as-new|signals/[^/]+/apply|updates/[^/]+/(?:complete|fail))"
 )
-
-_ClosingStatus = Literal["completed", "failed", "cancelled", "terminated"]
-_RUN_ID_TEXT: Final = "1 to 36 characters"
 
 
 def is_engine_path(path: str) -> bool:
@@ -96,7 +94,7 @@ class StartRunRequest(_Strict):
     """The body of a run's start (optional)."""
 
     run_id: str | None = Field(
-        default=None, description=f"The new run's id ({_RUN_ID_TEXT}); absent: the server makes one."
+        default=None, description="The new run's id; absent: the server makes one (a UUID)."
     )
 
 
@@ -118,7 +116,7 @@ class ContinueAsNewRequest(_Strict):
         default=None, description="Continue only if this is the current open run; otherwise 409 `run_state`."
     )
     new_run_id: str | None = Field(
-        default=None, description=f"The successor's id ({_RUN_ID_TEXT}); absent: the server makes one."
+        default=None, description="The successor's id; absent: the server makes one (a UUID)."
     )
 
 

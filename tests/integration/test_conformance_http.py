@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from admission.cli import main
 from tests.integration.test_http import free_port, serving
 from tests.integration.test_serve_auth import create_token
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, sqlite_url
@@ -45,19 +46,24 @@ def conformance(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
+@pytest.fixture(scope="module")
+def sqlite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``admission serve`` on a fresh SQLite file (at the head revision, nothing else)."""
+    with serving(sqlite_url(tmp_path_factory.mktemp("conformance-sqlite"))) as (base, _):
+        yield base
+
+
 @pytest.fixture(scope="module", params=SQL_BACKENDS)
 def server(
     request: pytest.FixtureRequest, postgres_pool: PostgresPool, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """``admission serve`` on a fresh database of each backend (at the head revision, nothing else)."""
-    url = database_url(str(request.param), postgres_pool, tmp_path_factory.mktemp("conformance"))
+    """``admission serve`` on a fresh database of each backend; SQLite's is the module's one."""
+    backend = str(request.param)
+    if backend == "sqlite":
+        yield request.getfixturevalue("sqlite_server")
+        return
+    url = database_url(backend, postgres_pool, tmp_path_factory.mktemp("conformance"))
     with serving(url) as (base, _):
-        yield base
-
-
-@pytest.fixture(scope="module")
-def sqlite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with serving(sqlite_url(tmp_path_factory.mktemp("conformance-sqlite"))) as (base, _):
         yield base
 
 
@@ -121,7 +127,9 @@ def report_of(path: Path) -> dict[str, object]:
 
 def test_admission_serve_conforms_over_http(server: str, tmp_path: Path) -> None:
     saved = tmp_path / "report.json"
-    result = conformance("--http", server, "--examples", "6", "--seed", "7", "--report", str(saved))
+    result = conformance(
+        "--http", server, "--examples", "6", "--steps", "15", "--seed", "7", "--report", str(saved)
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stderr == ""
     assert "every answer agreed with the model" in result.stdout
@@ -137,13 +145,23 @@ def test_admission_serve_conforms_over_http(server: str, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("mode", [("--lost-responses",), ("--concurrency", "3")], ids=["lost", "concurrent"])
 def test_the_lost_response_and_concurrent_modes_pass_against_admission_serve(
-    sqlite_server: str, mode: tuple[str, ...], tmp_path: Path
+    sqlite_server: str, mode: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     saved = tmp_path / "report.json"
-    result = conformance(
-        "--http", sqlite_server, "--examples", "4", "--seed", "3", *mode, "--report", str(saved)
+    args = (
+        "--http",
+        sqlite_server,
+        "--examples",
+        "4",
+        "--steps",
+        "15",
+        "--seed",
+        "3",
+        "--report",
+        str(saved),
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    code, out, err = run_main(capsys, *args, *mode)
+    assert code == 0, out + err
     options = report_of(saved)["options"]
     assert isinstance(options, dict)
     assert options["lost_responses"] is (mode[0] == "--lost-responses")
@@ -151,39 +169,53 @@ def test_the_lost_response_and_concurrent_modes_pass_against_admission_serve(
 
 
 def test_a_server_with_tokens_is_checked_with_the_token_from_the_environment_or_a_file(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tokens = tmp_path / "tokens.json"
     token = create_token(tokens, "kit", "conformance-a", "conformance-b")
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n", encoding="utf-8")
     with serving(sqlite_url(tmp_path), "--tokens", str(tokens)) as (base, _):
-        passed = conformance("--http", base, "--examples", "3", "--seed", "1", env={"ADMISSION_TOKEN": token})
-        assert passed.returncode == 0, passed.stdout + passed.stderr
-        token_file = tmp_path / "token"
-        token_file.write_text(token + "\n", encoding="utf-8")
-        from_file = conformance(
-            "--http", base, "--examples", "2", "--seed", "2", "--token-file", str(token_file)
+        monkeypatch.delenv("ADMISSION_TOKEN", raising=False)
+        code, out, err = run_main(
+            capsys, "--http", base, "--examples", "1", "--steps", "5", "--token-file", str(token_file)
         )
-        assert from_file.returncode == 0, from_file.stdout + from_file.stderr
+        assert code == 0, out + err
+
+        monkeypatch.setenv("ADMISSION_TOKEN", token)
+        code, out, err = run_main(capsys, "--http", base, "--examples", "2", "--steps", "10", "--seed", "1")
+        assert code == 0, out + err
+        assert token not in out + err
+
+        # A namespace the token is not granted: 403, the server answered outside what the kit can use.
+        code, out, err = run_main(capsys, "--http", base, "--namespace", "other")
+        assert code == EXIT_TARGET and out == "" and "403" in err and token not in err
 
         wrong = "adm_" + "0" * 64
-        refused = conformance("--http", base, "--examples", "2", env={"ADMISSION_TOKEN": wrong})
-        assert refused.returncode == EXIT_TARGET
-        assert refused.stdout == ""
-        [line] = refused.stderr.splitlines()
+        monkeypatch.setenv("ADMISSION_TOKEN", wrong)
+        code, out, err = run_main(capsys, "--http", base, "--examples", "2")
+        assert code == EXIT_TARGET and out == ""
+        [line] = err.splitlines()
         assert line.startswith("admission: ") and "401" in line and "unauthenticated" in line
-        assert wrong not in line and "Traceback" not in refused.stderr
+        assert wrong not in line
 
-        # A namespace the token is not granted: 403, the same kind of stop.
-        forbidden = conformance("--http", base, "--namespace", "other", env={"ADMISSION_TOKEN": token})
-        assert forbidden.returncode == EXIT_TARGET and "403" in forbidden.stderr
-        assert token not in forbidden.stderr + forbidden.stdout
+        # The whole command, as a user runs it, without a token: one line, no traceback.
+        refused = conformance("--http", base, "--examples", "2")
+        assert refused.returncode == EXIT_TARGET and refused.stdout == ""
+        assert "401" in refused.stderr and len(refused.stderr.splitlines()) == 1
 
 
-def test_an_unreachable_target_is_one_line_and_its_own_exit_code() -> None:
-    result = conformance("--http", f"http://127.0.0.1:{free_port()}", "--examples", "2")
-    assert result.returncode == EXIT_TARGET
-    [line] = result.stderr.splitlines()
-    assert "could not be reached" in line and "Traceback" not in result.stderr
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(["conformance", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_an_unreachable_target_is_one_line_and_its_own_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(capsys, "--http", f"http://127.0.0.1:{free_port()}", "--examples", "2")
+    assert code == EXIT_TARGET and out == ""
+    [line] = err.splitlines()
+    assert line.startswith("admission: ") and "could not be reached" in line
 
 
 @pytest.mark.parametrize(
@@ -192,31 +224,42 @@ def test_an_unreachable_target_is_one_line_and_its_own_exit_code() -> None:
         (("--http", "ftp://example.org"), "--http"),
         (("--http", "http://127.0.0.1:1", "--examples", "0"), "--examples"),
         (("--http", "http://127.0.0.1:1", "--concurrency", "0"), "--concurrency"),
-        (("--http", "http://127.0.0.1:1", "--replay", "/nonexistent/replay.json"), "replay"),
-        (("--examples", "3"), "--http"),
+        (("--http", "http://127.0.0.1:1", "--replay", "/nonexistent/replay.json"), "--replay"),
+        (("--http", "http://127.0.0.1:1", "--replay", "r.json", "--seed", "1"), "--replay"),
+        (("--http", "http://127.0.0.1:1", "--token-file", "/nonexistent/token"), "--token-file"),
     ],
 )
-def test_bad_usage_exits_2_naming_the_option(args: tuple[str, ...], field: str) -> None:
-    result = conformance(*args)
-    assert result.returncode == 2, result.stderr
-    [line] = result.stderr.splitlines()
-    assert field in line and "Traceback" not in result.stderr
+def test_bad_usage_exits_2_naming_the_option(
+    capsys: pytest.CaptureFixture[str], args: tuple[str, ...], field: str
+) -> None:
+    code, out, err = run_main(capsys, *args)
+    assert code == 2 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith(f"admission: {field}")
+
+
+def test_a_token_on_the_command_line_is_refused_and_not_echoed(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(capsys, "--http", "http://127.0.0.1:1", "--token", "adm_secret")
+    assert code == 2 and out == ""
+    assert err.startswith("admission: --token:") and "ADMISSION_TOKEN" in err
+    assert "adm_secret" not in err
 
 
 def test_a_server_without_lifecycle_routes_is_checked_without_the_lifecycle_rules(
-    sqlite_server: str, tmp_path: Path
+    sqlite_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     saved = tmp_path / "report.json"
     with rewriting_proxy(sqlite_server, "no-lifecycle") as url:
-        result = conformance("--http", url, "--examples", "3", "--seed", "5", "--report", str(saved))
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = report_of(saved)
-    assert report["capabilities"] == []
-    assert "lacks" in result.stdout and "lifecycle" in result.stdout
+        code, out, err = run_main(
+            capsys, "--http", url, "--examples", "3", "--seed", "5", "--report", str(saved)
+        )
+    assert code == 0, out + err
+    assert report_of(saved)["capabilities"] == []
+    assert "lacks clock, history, lifecycle, progress, prune" in out
 
 
 def test_a_server_that_answers_retries_as_fresh_is_caught_shrunk_and_replayed(
-    sqlite_server: str, tmp_path: Path
+    sqlite_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     saved = tmp_path / "report.json"
     with rewriting_proxy(sqlite_server, "fresh-retries") as url:
@@ -226,28 +269,27 @@ def test_a_server_that_answers_retries_as_fresh_is_caught_shrunk_and_replayed(
         assert caught.returncode == 1, caught.stdout + caught.stderr
         assert caught.stderr == ""
         assert "DISAGREEMENT" in caught.stdout and "minimal failing sequence:" in caught.stdout
-        report = report_of(saved)
-        failure = report["failure"]
+        failure = report_of(saved)["failure"]
         assert isinstance(failure, dict)
         assert failure["sequence"] and failure["trace"] and failure["message"]
         replay = failure["replay"]
         assert isinstance(replay, dict) and replay["seed"] == 11 and replay["blob"]
+        first_line = str(failure["message"]).splitlines()[0]
 
-        # The replay record alone, saved from the printed report, and the whole report: both replay.
+        # The replay record, saved from the printed report, and the --report file: both replay it.
         printed = caught.stdout.split("--replay FILE):\n", 1)[1].strip()
         record = tmp_path / "replay.json"
         record.write_text(printed, encoding="utf-8")
         assert json.loads(printed) == replay
         for source in (record, saved):
-            again = conformance("--http", url, "--replay", str(source))
-            assert again.returncode == 1, again.stdout + again.stderr
-            assert "replay: the recorded failure came back" in again.stdout
-            assert str(failure["message"]).splitlines()[0] in again.stdout
+            code, out, err = run_main(capsys, "--http", url, "--replay", str(source))
+            assert code == 1, out + err
+            assert "replay: the recorded failure came back" in out and first_line in out
 
     # Against the real server the same case agrees: the failure was the proxy's.
-    honest = conformance("--http", sqlite_server, "--replay", str(record))
-    assert honest.returncode == 0, honest.stdout + honest.stderr
-    assert "did NOT come back" in honest.stdout
+    code, out, err = run_main(capsys, "--http", sqlite_server, "--replay", str(record))
+    assert code == 0, out + err
+    assert "did NOT come back" in out
 
 
 @pytest.mark.extra

@@ -36,6 +36,7 @@ from admission.http import (
     token_digest,
 )
 from admission.receipts import AdmissionService
+from admission.receipts._rules import CLOSE_EVENTS
 from tests.support.aio import AsyncTwins
 from tests.support.backends import SQL_BACKENDS
 from tests.support.snapshot import diff_snapshots, snapshot
@@ -397,11 +398,8 @@ def test_the_openapi_document_lists_the_engine_routes_with_their_answers(client:
             assert responses[status]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
         assert any(p["name"] == "X-Namespace" for p in paths[path]["post"]["parameters"]), path
     schemas = document["components"]["schemas"]
-    assert schemas["CloseRunRequest"]["properties"]["status"]["enum"] == [
-        "completed",
-        "failed",
-        "cancelled",
-        "terminated",
-    ]
+    closing = schemas["CloseRunRequest"]["properties"]["status"]["enum"]
+    assert closing == ["completed", "failed", "cancelled", "terminated"]
+    assert set(closing) == set(CLOSE_EVENTS) - {"continued"}  # the service's closing statuses
     assert schemas["CloseRunRequest"]["additionalProperties"] is False
     assert "HTTPValidationError" not in schemas

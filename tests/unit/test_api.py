@@ -98,6 +98,7 @@ def test_cli_face_is_pinned() -> None:
             "EXIT_REFUSED",
             "EXIT_SCHEMA",
             "EXIT_STORAGE",
+            "EXIT_TARGET",
             "EXIT_UNSTAMPED",
             "build_parser",
             "main",
@@ -111,6 +112,7 @@ def test_cli_face_is_pinned() -> None:
         4,
     ]
     assert [cli.EXIT_STORAGE, cli.EXIT_CONFLICT, cli.EXIT_AMBIGUOUS, cli.EXIT_OWNED] == [5, 9, 10, 11]
+    assert cli.EXIT_TARGET == 12
     assert [cli.EXIT_UNSTAMPED, cli.EXIT_DRIFTED, cli.EXIT_FINDINGS] == [6, 7, 8]
     assert [cli.EXIT_INTERNAL, cli.EXIT_INTERRUPTED, cli.EXIT_PIPE] == [70, 130, 141]
 
