@@ -135,7 +135,8 @@ class Mutant:
         return self.restore_keys(self.inner.fail_update(namespace, workflow_id, update_id, failure))
 
     def history(self, namespace: str, workflow_id: str) -> Sequence[Mapping[str, object]]:
-        return [self.restore_strings(event) for event in self.inner.history(namespace, workflow_id)]
+        events = self.inner.history(namespace, workflow_id)
+        return [{k: self.restore_strings(v) for k, v in event.items()} for event in events]
 
     def restore_strings(self, value: object) -> object:
         """``value`` with every string the mutant put in place of a caller's key put back (events)."""
