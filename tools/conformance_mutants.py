@@ -1,17 +1,17 @@
 """How well the conformance kit catches the deliberately broken targets of ``tests/support/mutants.py``.
 
-Every mutant is run over K seeds (``run_conformance(mutant, examples=N, seed=s)``
-for s in 0..K-1) and the tool prints a markdown table: how many seeds caught it,
-the median and the largest number of examples hypothesis ran until its first
-failure, the median number of target calls in the shrunk counterexample, and
-the seconds spent.  ``docs/conformance.md`` quotes the table.
+Every mutant is searched over K seeds (0..K-1) with the machine and settings of
+``run_conformance(mutant, examples=N, seed=s)``, but without shrinking, so the
+search stops at the first failure: how many seeds caught it, and the median and
+largest number of examples run until the first failure.  Then the first S seeds
+that caught it run through ``run_conformance`` itself, shrinking included: the
+median number of target calls in the shrunk counterexample.  The seconds are
+those of all the searches, and the median of one whole ``run_conformance``.
+``docs/conformance.md`` quotes the table.
 
-Usage: ``python tools/conformance_mutants.py [--seeds K] [--examples N] [--steps S] [--jobs J]
-[--correct] [MUTANT ...]`` from the repository root; ``--correct`` adds the correct target as a
-control row, ``--jobs`` runs seeds in parallel processes.  Each seed is first searched without
-shrinking, which gives the examples to the first failure; a seed that caught the mutant is run
-again through ``run_conformance``, whose shrunk counterexample gives the length, and whose time
-is the seconds (for a seed that caught nothing, the search's time: the same run).
+Usage: ``python tools/conformance_mutants.py [--seeds K] [--examples N] [--steps S] [--shrink S]
+[--jobs J] [--correct] [MUTANT ...]`` from the repository root; ``--correct`` adds the correct
+target as a control row, ``--jobs`` runs seeds in parallel processes.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class Row:
     runs: int = 0
     examples: list[int] = field(default_factory=list)  # to the first failure, per catching seed
     lengths: list[int] = field(default_factory=list)  # target calls in the shrunk sequence
-    seconds: float = 0.0
+    search_seconds: float = 0.0  # every seed's search without shrinking
+    run_seconds: list[float] = field(default_factory=list)  # a shrunk seed's whole run_conformance
 
     def cells(self) -> list[str]:
         def median(values: list[int]) -> str:
@@ -55,8 +56,9 @@ class Row:
             f"{self.caught}/{self.runs}",
             median(self.examples),
             str(max(self.examples)) if self.examples else "-",
-            median(self.lengths),
-            f"{self.seconds:.1f}",
+            f"{median(self.lengths)} ({len(self.lengths)})",
+            f"{self.search_seconds:.0f}",
+            f"{statistics.median(self.run_seconds):.0f}" if self.run_seconds else "-",
         ]
 
 
@@ -88,43 +90,46 @@ def first_failure(target: Target, examples: int, seed: int, options: Options) ->
     return 0
 
 
-def one_seed(job: tuple[str, int, int, Options]) -> tuple[int, int, float]:
-    """One mutant, one seed: (examples to the first failure or 0, shrunk calls, seconds).
-
-    The seeded search runs first without shrinking; only a seed that caught the mutant is run
-    again through ``run_conformance`` for its shrunk counterexample (the seconds are those of
-    that call, search and shrinking; else of the search alone, which is what the full run
-    would have cost)."""
+def search(job: tuple[str, int, int, Options]) -> tuple[int, float]:
+    """One mutant, one seed, searched without shrinking: (examples to the first failure or 0,
+    seconds)."""
     name, seed, examples, options = job
     make = memory_target if name == CORRECT else MUTANTS[name]
     started = time.perf_counter()
     first = first_failure(make(), examples, seed, options)
-    if not first:
-        return 0, 0, time.perf_counter() - started
+    return first, time.perf_counter() - started
+
+
+def shrink(job: tuple[str, int, int, Options]) -> tuple[int, float]:
+    """One mutant, one seed that caught it, through ``run_conformance``: (target calls of the
+    shrunk counterexample, seconds of the whole run, search and shrinking)."""
+    name, seed, examples, options = job
+    make = memory_target if name == CORRECT else MUTANTS[name]
     started = time.perf_counter()
     report = run_conformance(make(), examples=examples, seed=seed, options=options)
-    seconds = time.perf_counter() - started
-    if report.failure is None:  # the shrinking run must find what the search found
+    if report.failure is None:  # the full run must find what the search found
         raise AssertionError(f"{name}, seed {seed}: caught by the search, not by run_conformance")
-    return first, len(report.failure.trace), seconds
+    return len(report.failure.trace), time.perf_counter() - started
 
 
-def measure(name: str, seeds: int, examples: int, options: Options, jobs: int) -> Row:
-    """Run the kit against a fresh target for every seed (``jobs`` processes at once)."""
+def measure(name: str, seeds: int, examples: int, options: Options, jobs: int, shrunk: int) -> Row:
+    """Search every seed, then shrink the first ``shrunk`` seeds that caught the mutant (``jobs``
+    processes at once)."""
     row = Row(name)
     work = [(name, seed, examples, options) for seed in range(seeds)]
-    if jobs > 1:
-        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-            results = pool.map(one_seed, work)
-    else:
-        results = [one_seed(job) for job in work]
-    for first, length, seconds in results:
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        found = pool.map(search, work)
+        catching = [job for job, (first, _) in zip(work, found, strict=True) if first][:shrunk]
+        shrinks = pool.map(shrink, catching)
+    for first, seconds in found:
         row.runs += 1
-        row.seconds += seconds
+        row.search_seconds += seconds
         if first:
             row.caught += 1
             row.examples.append(first)
-            row.lengths.append(length)
+    for length, seconds in shrinks:
+        row.lengths.append(length)
+        row.run_seconds.append(seconds)
     return row
 
 
@@ -135,8 +140,9 @@ def table(rows: Sequence[Row]) -> str:
         "caught",
         "median examples to catch",
         "max examples to catch",
-        "median shrunk calls",
-        "seconds",
+        "median shrunk calls (seeds shrunk)",
+        "seconds: every search",
+        "seconds: median run with shrinking",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row.cells()) + " |" for row in rows]
@@ -150,17 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=100, help="examples per run (default 100)")
     parser.add_argument("--steps", type=int, default=None, help="steps per example (the kit's default)")
     parser.add_argument("--jobs", type=int, default=1, help="processes (seeds run in parallel)")
+    parser.add_argument(
+        "--shrink", type=int, default=None, help="shrink only the first N catching seeds (default: all)"
+    )
     parser.add_argument("--correct", action="store_true", help="add the correct target as a control row")
     args = parser.parse_args(argv)
     options = Options() if args.steps is None else Options(steps=args.steps)
     rows = []
     for name in [*(args.mutants or MUTANTS), *([CORRECT] if args.correct else [])]:
-        rows.append(measure(name, args.seeds, args.examples, options, args.jobs))
-        print(
-            f"{name}: {rows[-1].caught}/{rows[-1].runs}, {rows[-1].seconds:.0f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        row = measure(name, args.seeds, args.examples, options, args.jobs, args.shrink or args.seeds)
+        rows.append(row)
+        print(" | ".join(row.cells()), file=sys.stderr, flush=True)
     print(table(rows))
     return 0
 
