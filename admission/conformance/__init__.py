@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from admission.conformance._http_target import ConformanceTargetError, HttpTarget, LifecycleHooks
 from admission.conformance._runner import Failure, Report, load_replay, run_conformance
 from admission.conformance._service_targets import AsyncServiceTarget, ServiceTarget
+from admission.conformance._spellings import same, same_value_variants
 from admission.conformance._target import (
     CAPABILITIES,
     CLOCK,
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
         command_sequences,
         intent_values,
         key_pools,
-        same,
-        same_value_variants,
         twins,
     )
 
@@ -93,8 +92,6 @@ _STRATEGY_NAMES = frozenset(
         "command_sequences",
         "intent_values",
         "key_pools",
-        "same",
-        "same_value_variants",
         "twins",
     }
 )

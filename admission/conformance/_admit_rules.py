@@ -239,7 +239,9 @@ class AdmissionRules(Driver):
             return  # a blank key names no receipt where keys are stripped; nothing to read
         self.touch(inst)
         self.traced(f"receipt {command_type} {inst.label} key={sent!r}")
-        answer = self.target.receipt(inst.namespace, inst.workflow_id, command_type, sent)
+        answer = self.invoke(
+            lambda: self.target.receipt(inst.namespace, inst.workflow_id, command_type, sent)
+        )
         self.stats.trace[-1] += f" -> {'none' if answer is None else answer.body.get('outcome')}"
         cmd = inst.receipt_of(command_type, key)
         if cmd is None:

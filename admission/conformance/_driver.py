@@ -10,11 +10,12 @@ and the actual and expected value of each.
 from __future__ import annotations
 
 import threading
+import traceback
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, TypeVar
 
 from hypothesis import strategies as st
 
@@ -22,6 +23,8 @@ from admission.conformance._model import Command, Instance, parse_time, wire_dif
 from admission.conformance._target import CLOCK, Answer, CommandType, Refusal, Target
 
 __all__ = ["Driver", "Options", "Stats"]
+
+T = TypeVar("T")
 
 # Each example lives in a stretch of time of its own when the machine owns the clock:
 # example k in the year that starts EPOCH - k years, so pruning in one example never
@@ -78,6 +81,13 @@ def answer_line(answer: Answer | None) -> str:
     retained = " retained" if body.get("retained") is True else ""
     command = body.get("command_id") or body.get("retained_command_id")
     return f"{answer.status} {body.get('outcome')}{retained} cmd={command}"
+
+
+def raised(exc: BaseException) -> str:
+    """An exception the target raised, and where: its type, message and innermost frame."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
 
 
 class Driver:
@@ -166,7 +176,9 @@ class Driver:
     # -- checks --------------------------------------------------------------------------------
 
     def differ(self, what: str, wrong: Mapping[str, tuple[object, object]], condition: bool = True) -> None:
-        """Raise the failure report's assertion: the rule, then each field, actual and expected."""
+        """Raise the failure report's assertion: the rule, then each field, actual and expected.
+
+        Every disagreement is raised here, so hypothesis sees one failure and shrinks it."""
         if not (condition and wrong):
             return
         lines = [f"{self.rule_name}: {what} differs from the model"]
@@ -176,7 +188,21 @@ class Driver:
         ]
         if self.stats.trace:
             lines.append(f"  call: {self.stats.trace[-1]}")
-        raise AssertionError("\n".join(lines))
+        # Not chained: hypothesis tells failures apart by where they arose, and every
+        # disagreement (an exception of the target's included) is one failure to shrink.
+        raise AssertionError("\n".join(lines)) from None
+
+    def invoke(self, call: Callable[[], T]) -> T:
+        """Call the target where the model expects an answer: a refusal or an exception is a
+        disagreement like any other."""
+        try:
+            return call()
+        except Refusal as refusal:
+            self.differ("the answer", {"refusal": (refusal.reason, "an answer")})
+            raise
+        except Exception as exc:
+            self.differ("the answer", {"exception": (raised(exc), "an answer")})
+            raise
 
     def compare(
         self, what: str, answer: Answer | None, expected: Mapping[str, object], status: bool = True
@@ -196,7 +222,11 @@ class Driver:
         """The step must be refused with ``reason`` (contract §5), and writes nothing."""
         try:
             got = call()
-        except Refusal as refusal:
+        except Exception as exc:
+            if not isinstance(exc, Refusal):
+                self.differ("the answer", {"exception": (raised(exc), reason)})
+                raise
+            refusal = exc
             self.stats.trace[-1] += f" -> refused {refusal.reason}"
             self.differ("the refusal", {"reason": (refusal.reason, reason)}, refusal.reason != reason)
             self.seen(label)
@@ -239,8 +269,16 @@ class Driver:
         )
 
         def send() -> Answer:
-            return self.target.admit(
-                inst.namespace, inst.workflow_id, command_type, name, arguments, request_id=key, run_id=run_id
+            return self.invoke(
+                lambda: self.target.admit(
+                    inst.namespace,
+                    inst.workflow_id,
+                    command_type,
+                    name,
+                    arguments,
+                    request_id=key,
+                    run_id=run_id,
+                )
             )
 
         if not keyed:

@@ -104,12 +104,15 @@ class EngineRules(AdmissionRules):
         elif cmd.status == "applied":
             self.seen("apply again")
             self.compare(
-                "the applied signal", call(), expected_receipt(inst, cmd, retained=True), status=False
+                "the applied signal",
+                self.invoke(call),
+                expected_receipt(inst, cmd, retained=True),
+                status=False,
             )
         elif cmd.status == "rejected":
             self.refused("run_state", call, "apply rejected")
         else:
-            answer = call()
+            answer = self.invoke(call)
             cmd.status, cmd.owner = "applied", None
             self.compare(
                 "the applied signal", answer, expected_receipt(inst, cmd, retained=False), status=False
@@ -140,7 +143,7 @@ class EngineRules(AdmissionRules):
             return
         encoded = canonical_encode(value)
         if cmd.status == "accepted":
-            answer = call()
+            answer = self.invoke(call)
             cmd.status, cmd.owner = status, None
             if status == "completed":
                 cmd.result = encoded
@@ -161,7 +164,10 @@ class EngineRules(AdmissionRules):
         if cmd.status == status and same:
             # The same completion twice is a retry, never a second effect (§5).
             self.compare(
-                f"the {status} update", call(), expected_receipt(inst, cmd, retained=True), status=False
+                f"the {status} update",
+                self.invoke(call),
+                expected_receipt(inst, cmd, retained=True),
+                status=False,
             )
             self.seen(f"{status} again")
             return
@@ -209,7 +215,7 @@ class EngineRules(AdmissionRules):
                 "run_state", lambda: self.target.start_run(inst.namespace, inst.workflow_id), "start refused"
             )
             return
-        body = self.target.start_run(inst.namespace, inst.workflow_id)
+        body = self.invoke(lambda: self.target.start_run(inst.namespace, inst.workflow_id))
         self.stats.trace[-1] += f" -> run {body.get('run_id')}"
         run_id = self.new_run_id(inst, body)
         if current is not None:
@@ -249,7 +255,7 @@ class EngineRules(AdmissionRules):
                 "close refused",
             )
             return
-        body = self.target.close_run(inst.namespace, inst.workflow_id, status)
+        body = self.invoke(lambda: self.target.close_run(inst.namespace, inst.workflow_id, status))
         self.stats.trace[-1] += f" -> run {body.get('run_id')} {body.get('status')}"
         close(inst, run, status, self.time_of(body, "closed_at"))
         self.check_run("the closed run", body, inst, run, full=False)
@@ -276,7 +282,7 @@ class EngineRules(AdmissionRules):
                 "continue refused",
             )
             return
-        body = self.target.continue_as_new(inst.namespace, inst.workflow_id)
+        body = self.invoke(lambda: self.target.continue_as_new(inst.namespace, inst.workflow_id))
         self.stats.trace[-1] += f" -> run {body.get('run_id')}"
         started = self.time_of(body, "started_at")
         successor = Run(self.new_run_id(inst, body), run.number + 1, "open", run.id, started_at=started)
@@ -299,7 +305,7 @@ class EngineRules(AdmissionRules):
         plan = prune_plan(self.instances.values(), now - timedelta(days=retention))
         self.touch(*self.instances.values())
         self.traced(f"prune retention_days={retention} now={now.isoformat()} dry_run={dry_run}")
-        report = self.target.prune(retention, now, dry_run)
+        report = self.invoke(lambda: self.target.prune(retention, now, dry_run))
         self.stats.trace[-1] += " -> " + " ".join(f"{k}={report.get(k)}" for k in COUNTS)
         expected = prune(plan, dry_run, self.seen)
         if self.exact_counts:

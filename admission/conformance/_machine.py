@@ -82,7 +82,8 @@ class Conformance(EngineRules, RuleBasedStateMachine):
                 continue
             inst = self.instances[key]
             self.traced(f"history {inst.label}")
-            actual = [event_view(e) for e in self.target.history(inst.namespace, inst.workflow_id)]
+            history = self.invoke(lambda inst=inst: self.target.history(inst.namespace, inst.workflow_id))  # type: ignore[misc]
+            actual = [event_view(e) for e in history]
             self.stats.trace.pop()  # reads that agree are not part of the story
             if actual != inst.events:
                 self.traced(f"history {inst.label} -> {len(actual)} events")

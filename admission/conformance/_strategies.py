@@ -18,17 +18,25 @@ Pure: no clock, no I/O; every choice is a hypothesis draw.
 
 from __future__ import annotations
 
+import copy
 import math
 import string
 import struct
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
 from hypothesis import strategies as st
 
-from admission.intent import MAX_DEPTH, MAX_REQUEST_ID_LENGTH, RESERVED_SIGNAL_PREFIX
+from admission.conformance._spellings import same_value_variants
+from admission.intent import (
+    DEFAULT_MAX_SIZE,
+    MAX_DEPTH,
+    MAX_REQUEST_ID_LENGTH,
+    RESERVED_SIGNAL_PREFIX,
+    canonical_encode,
+)
 
 __all__ = [
     "ARGUMENTS",
@@ -49,8 +57,6 @@ __all__ = [
     "command_sequences",
     "intent_values",
     "key_pools",
-    "same",
-    "same_value_variants",
     "twins",
 ]
 
@@ -176,7 +182,10 @@ def _deep(draw: st.DrawFn, core: st.SearchStrategy[object], max_depth: int) -> o
     levels = draw(st.one_of(st.just(room), st.integers(1, room)))
     sibling = draw(SCALARS)
     key = draw(MAP_KEYS)
-    for kind in draw(st.lists(st.integers(0, 4), min_size=levels, max_size=levels)):
+    # A short pattern of container kinds, repeated along the path: a few draws, not one per level,
+    # so a 64-deep value costs hypothesis little of its budget per example.
+    pattern = draw(st.lists(st.integers(0, 4), min_size=1, max_size=4))
+    for kind in (pattern[level % len(pattern)] for level in range(levels)):
         if kind == 0:
             value = [value]
         elif kind == 1:
@@ -204,46 +213,72 @@ def _wide(draw: st.DrawFn, core: st.SearchStrategy[object]) -> object:
     return {f"{stem}{i}": item for i, item in enumerate(items)}
 
 
-def intent_values(max_leaves: int = 40, *, max_depth: int = MAX_DEPTH) -> st.SearchStrategy[object]:
+def _fits(max_size: int) -> Callable[[object], bool]:
+    def fits(value: object) -> bool:
+        return len(canonical_encode(value)) <= max_size
+
+    return fits
+
+
+def intent_values(
+    max_leaves: int = 40, *, max_depth: int = MAX_DEPTH, max_size: int = DEFAULT_MAX_SIZE
+) -> st.SearchStrategy[object]:
     """Intent values of every type the canonical encoding knows (contract §3), with its edges.
 
     None, bools, ints across int64 (and its edges), floats (by their bits too), text (NUL,
     4-byte characters, combining marks; never a lone surrogate), bytes, lists, tuples and maps
     with str keys (keys that sort differently by UTF-8 bytes than by length or UTF-16 units,
     prefix keys), nested up to ``max_leaves`` leaves; sometimes a path of containers exactly
-    ``max_depth`` deep, a map or list of 23 to 300 entries, or a 64 KiB text or bytes value.
-    Every value encodes within the default size bound.
+    ``max_depth`` deep, a map or list of 23 to 300 entries, or a 64 KiB text or bytes value
+    (when ``max_size`` leaves room for it).  Every value encodes in at most ``max_size`` bytes.
     """
     if not 0 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be within 0..{MAX_DEPTH}, got {max_depth}")
+    if max_size < 1:
+        raise ValueError(f"max_size must be positive, got {max_size}")
+    # The values are small enough for the default bound by construction; below it, check.
+    fits = _fits(max_size) if max_size < DEFAULT_MAX_SIZE else None
+    long: tuple[st.SearchStrategy[object], ...] = (_LONG,) if max_size > 2**16 + 8 else ()
     if max_depth == 0:
-        return st.one_of(SCALARS, _LONG)
+        scalars = st.one_of(SCALARS, *long)
+        return scalars.filter(fits) if fits else scalars
     core = st.recursive(SCALARS, _containers, max_leaves=max_leaves)
     if max_depth < MAX_DEPTH:
         core = core.filter(lambda value: _depth(value) <= max_depth)
     shallow = core.filter(lambda value: _depth(value) < max_depth)
-    edges = (_deep(core, max_depth), _wide(shallow), _LONG)
+    edges = (_deep(core, max_depth), _wide(shallow), *long)
     # Mostly ordinary values; each edge about one draw in ten.  Index 0 first, so a failing
     # example shrinks towards an ordinary value.
-    return st.sampled_from(range(10)).flatmap(lambda branch: core if branch < 7 else edges[branch - 7])
+    values = st.sampled_from(range(7 + len(edges))).flatmap(
+        lambda branch: core if branch < 7 else edges[branch - 7]
+    )
+    return values.filter(fits) if fits else values
 
 
 def arguments(
-    max_leaves: int = 40, *, max_depth: int = MAX_DEPTH
+    max_leaves: int = 40, *, max_depth: int = MAX_DEPTH, max_size: int = DEFAULT_MAX_SIZE
 ) -> st.SearchStrategy[list[object] | dict[str, object]]:
-    """Arguments: a list or a map of :func:`intent_values` (contract §3), ``max_depth`` deep at most
-    (the list or map itself is the first level; the intent record around it does not count)."""
+    """Arguments: a list or a map of :func:`intent_values` (contract §3).
+
+    At most ``max_depth`` deep (the list or map itself is the first level; the intent record
+    around it does not count) and encoded in at most ``max_size`` bytes.
+    """
     if not 1 <= max_depth <= MAX_DEPTH:
         raise ValueError(f"max_depth must be within 1..{MAX_DEPTH}, got {max_depth}")
-    inner = intent_values(max_leaves, max_depth=max_depth - 1)
-    return st.one_of(st.lists(inner, max_size=5), st.dictionaries(MAP_KEYS, inner, max_size=5))
+    inner = intent_values(max_leaves, max_depth=max_depth - 1, max_size=max_size)
+    both = st.one_of(st.lists(inner, max_size=5), st.dictionaries(MAP_KEYS, inner, max_size=5))
+    return both.filter(_fits(max_size)) if max_size < DEFAULT_MAX_SIZE else both
 
 
 VALUES: Final = intent_values()
 """:func:`intent_values` with its defaults."""
 ARGUMENTS: Final = arguments()
 """:func:`arguments` with its defaults."""
-_SMALL_ARGUMENTS: Final = arguments(max_leaves=8)
+# Pools hold several arguments and a machine draws one pool per example: few leaves each.
+_SMALL_ARGUMENTS: Final = st.one_of(
+    st.lists(intent_values(4, max_depth=MAX_DEPTH - 1), max_size=3),
+    st.dictionaries(MAP_KEYS, intent_values(4, max_depth=MAX_DEPTH - 1), max_size=3),
+)
 
 # -- command keys ----------------------------------------------------------------------------
 
@@ -387,9 +422,12 @@ def _next_up(value: float) -> tuple[object, object]:
     return value, math.nextafter(value, math.inf)
 
 
-_BASE_TWINS: Final = st.one_of(
-    st.sampled_from(((1, 1.0), (0.0, -0.0), (True, 1), (False, 0), ("1", 1), ([], {}), ("", b""))),
-    st.sampled_from(((2**53, 2**53 + 1), ("", None), (b"a", "a"), ("\u00e9", "e\u0301"))),
+_NAMED_TWINS: Final[tuple[tuple[object, object], ...]] = (
+    *((1, 1.0), (0.0, -0.0), (True, 1), (False, 0), ("1", 1), (b"a", "a"), ("\u00e9", "e\u0301")),
+    *(([], {}), ("", b""), ("", None), (2**53, 2**53 + 1), ({"a": 1}, {"a": 1.0}), (math.nan, None)),
+)
+# The pairs a careless implementation most often merges.
+_GENERIC_TWINS: Final = st.one_of(
     _EXACT_INTS.map(lambda n: (n, float(n))),
     st.tuples(MAP_KEYS, _EXACT_INTS).map(lambda spec: ({spec[0]: spec[1]}, {spec[0]: float(spec[1])})),
     _NORMAL_FORM_TWINS,
@@ -398,6 +436,11 @@ _BASE_TWINS: Final = st.one_of(
     _NAN.map(lambda nan: (nan, None)),
     # One ulp apart: a port that prints floats with too few digits merges them.
     FLOATS.filter(math.isfinite).map(_next_up),
+)
+# The named pairs half of the time (a flatmap: one_of would flatten into eight equal branches);
+# copies, since a caller may keep or change what it was given.
+_BASE_TWINS: Final = st.booleans().flatmap(
+    lambda named: st.sampled_from(_NAMED_TWINS).map(copy.deepcopy) if named else _GENERIC_TWINS
 )
 
 
@@ -456,50 +499,6 @@ def argument_pools(draw: st.DrawFn, min_size: int = 4, max_size: int = 8) -> lis
     return list(draw(st.permutations(pool)))
 
 
-# -- other spellings of one value ------------------------------------------------------------
-
-
-def _respell(value: object, reverse_maps: bool, flip_sequences: bool, other_nans: bool) -> object:
-    if type(value) is float and other_nans and math.isnan(value):
-        bits = int.from_bytes(struct.pack(">d", value), "big")
-        return _from_bits(bits ^ (1 << 63))  # the same NaN with the other sign: still f97e00
-    if isinstance(value, (list, tuple)):
-        items = [_respell(item, reverse_maps, flip_sequences, other_nans) for item in value]
-        return (list if (type(value) is tuple) == flip_sequences else tuple)(items)
-    if isinstance(value, dict):
-        entries = [(k, _respell(item, reverse_maps, flip_sequences, other_nans)) for k, item in value.items()]
-        return dict(reversed(entries) if reverse_maps else entries)
-    return value
-
-
-def _spelling(value: object) -> object:
-    """What tells two spellings apart: container types, map insertion order, float bits."""
-    if type(value) is float:
-        return ("float", struct.pack(">d", value))
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(map(_spelling, value)))
-    if isinstance(value, dict):
-        return ("dict", tuple((key, _spelling(item)) for key, item in value.items()))
-    return (type(value).__name__, value)
-
-
-def same_value_variants(value: object) -> list[object]:
-    """Other spellings of ``value`` with the same canonical encoding, ``value`` itself first.
-
-    Maps with their entries in reverse insertion order, tuples for lists and lists for tuples,
-    NaNs of the other sign, recursively, alone and together.  A scalar without another
-    spelling gives ``[value]``.
-    """
-    variants = [value]
-    seen = {_spelling(value)}
-    for flags in ((True, False, False), (False, True, False), (False, False, True), (True, True, True)):
-        variant = _respell(value, *flags)
-        if (spelling := _spelling(variant)) not in seen:
-            seen.add(spelling)
-            variants.append(variant)
-    return variants
-
-
 # -- command sequences -----------------------------------------------------------------------
 
 
@@ -541,25 +540,3 @@ def command_sequences(
         run_scope=st.booleans(),
     )
     return draw(st.lists(spec, min_size=min_size, max_size=max_size))
-
-
-def same(a: object, b: object) -> bool:
-    """Typed equality: the equality the canonical encoding preserves.
-
-    ``True`` is not ``1``, ``1`` is not ``1.0``, ``0.0`` is not ``-0.0``, every
-    NaN equals every NaN, a tuple equals the list with the same items, and maps
-    compare without regard to order.
-    """
-    ta: type = list if type(a) is tuple else type(a)
-    tb: type = list if type(b) is tuple else type(b)
-    if ta is not tb:
-        return False
-    if isinstance(a, float) and isinstance(b, float):
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b

@@ -293,6 +293,10 @@ def test_a_server_that_answers_retries_as_fresh_is_caught_shrunk_and_replayed(
 
 
 @pytest.mark.extra
-def test_admission_serve_conforms_over_http_at_length(server: str) -> None:
-    result = conformance("--http", server, "--examples", "100", "--concurrency", "2", "--lost-responses")
+@pytest.mark.parametrize(
+    "mode", [(), ("--lost-responses",), ("--concurrency", "3")], ids=["plain", "lost", "concurrent"]
+)
+def test_admission_serve_conforms_over_http_at_length(server: str, mode: tuple[str, ...]) -> None:
+    # One mode per run: the kit sends a keyed admission either twice (lost) or at once from N clients.
+    result = conformance("--http", server, "--examples", "60", *mode)
     assert result.returncode == 0, result.stdout + result.stderr

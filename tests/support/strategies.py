@@ -7,6 +7,7 @@ value in a map, or arguments in the intent record, stays within the depth limit 
 
 from __future__ import annotations
 
+from admission.conformance import same
 from admission.conformance._strategies import (
     FLOAT_BITS,
     FLOATS,
@@ -15,7 +16,6 @@ from admission.conformance._strategies import (
     TEXT,
     arguments,
     intent_values,
-    same,
 )
 from admission.conformance._strategies import MAP_KEYS as KEYS
 from admission.intent import MAX_DEPTH

@@ -25,6 +25,7 @@ PURE_MODULES = {
     "admission.conformance._engine_rules",
     "admission.conformance._machine",
     "admission.conformance._model",
+    "admission.conformance._spellings",
     "admission.conformance._strategies",
     "admission.conformance._target",
     "admission.conformance._vocabulary",
