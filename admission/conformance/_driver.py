@@ -83,6 +83,12 @@ def answer_line(answer: Answer | None) -> str:
     return f"{answer.status} {body.get('outcome')}{retained} cmd={command}"
 
 
+def stops_the_run(exc: BaseException) -> bool:
+    """Whether a target's exception says it cannot answer at all (``ConformanceTargetError``,
+    code ``conformance_target``): that stops the run, it is no disagreement."""
+    return getattr(exc, "code", None) == "conformance_target"
+
+
 def raised(exc: BaseException) -> str:
     """An exception the target raised, and where: its type, message and innermost frame."""
     frames = traceback.extract_tb(exc.__traceback__)
@@ -201,6 +207,8 @@ class Driver:
             self.differ("the answer", {"refusal": (refusal.reason, "an answer")})
             raise
         except Exception as exc:
+            if stops_the_run(exc):
+                raise
             self.differ("the answer", {"exception": (raised(exc), "an answer")})
             raise
 
@@ -223,6 +231,8 @@ class Driver:
         try:
             got = call()
         except Exception as exc:
+            if stops_the_run(exc):
+                raise
             if not isinstance(exc, Refusal):
                 self.differ("the answer", {"exception": (raised(exc), reason)})
                 raise

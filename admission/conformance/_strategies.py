@@ -122,7 +122,7 @@ FLOATS: Final = st.one_of(st.sampled_from(FLOAT_EDGES), st.floats(), FLOAT_BITS)
 # No lone surrogates: they are refused.  The same set as ``codec="utf-8"``, which costs
 # hypothesis seconds per process to work out (every code point encoded); the category
 # table is cached.
-_CHARACTERS: Final = st.characters(exclude_categories=("Cs",))
+_CHARACTERS: Final = st.characters(exclude_categories=["Cs"])
 TEXT: Final = st.text(alphabet=_CHARACTERS, max_size=30)
 """Text of any valid code points (never a lone surrogate)."""
 # Precomposed letters whose NFD form differs (the Angstrom sign is its own NFC twin's NFD).
