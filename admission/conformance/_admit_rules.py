@@ -228,6 +228,27 @@ class AdmissionRules(Driver):
         self.seen("twin key")
         self.admit(self.instances[where], cmd.type, twin, cmd.name, cmd.raw_arguments, cmd.target)  # type: ignore[arg-type]
 
+    def twinned_arguments(self) -> list[tuple[Keyed, object]]:
+        """Keyed commands whose arguments have a twin in the pool (``[1.0]`` for ``[1]``)."""
+        return [
+            (found, twin)
+            for found in self.keyed(include_pruned=False)
+            for twin in argument_twins(self.command(found[0], found[1]).raw_arguments, self.arguments)
+        ]
+
+    @precondition(lambda self: self.twinned_arguments())
+    @rule(data=st.data())
+    def retry_twin_arguments(self, data: st.DataObject) -> None:
+        """An earlier key with its arguments' twin (``1.0`` for ``1``, ``-0.0`` for ``0.0``):
+        another value (contract §3), so a conflict on the arguments.  A rule of its own, not
+        only a choice ``retry_changed`` may make, so that every run meets the twins of the
+        values its receipts hold, however rare they are in the pool."""
+        self.step("retry_twin_arguments")
+        (where, command_id, _), twin = data.draw(st.sampled_from(self.twinned_arguments()), label="twin")
+        cmd = self.command(where, command_id)
+        self.seen("twin arguments")
+        self.admit(self.instances[where], cmd.type, cmd.key, cmd.name, twin, cmd.target)  # type: ignore[arg-type]
+
     @rule(data=st.data(), command_type=st.sampled_from(COMMAND_TYPES))
     def read_receipt(self, data: st.DataObject, command_type: CommandType) -> None:
         """Reading a receipt answers what a retry would, and writes nothing."""

@@ -89,6 +89,7 @@ CI_COVERAGE = [
     "retained run_not_active",
     "handed off",
     "twin key",
+    "twin arguments",
     "apply fresh",
     "apply again",
     "apply rejected",
