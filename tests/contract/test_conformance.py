@@ -151,8 +151,9 @@ def test_admission_and_lifecycle_follow_the_contract(store: Store, request: pyte
     run_kit(backend, target, Options(steps=STEP_COUNT), MAX_EXAMPLES, CI_COVERAGE if IN_CI else COVERAGE)
 
 
-# The other runs: memory and SQLite (when the backend switch selects it).
-SMALL = ["memory", *(b for b in SQL_BACKENDS if b == "sqlite")]
+# The other runs: memory, and SQLite (when the backend switch selects it) in the extra set,
+# which CI runs as a step of its own: the default set stays short.
+SMALL = ["memory", *(pytest.param(b, marks=pytest.mark.extra) for b in SQL_BACKENDS if b == "sqlite")]
 
 
 @pytest.fixture(params=SMALL)

@@ -258,6 +258,7 @@ def test_a_server_without_lifecycle_routes_is_checked_without_the_lifecycle_rule
     assert "lacks clock, history, lifecycle, progress, prune" in out
 
 
+@pytest.mark.extra  # shrinking over HTTP takes a while; the runner's tests replay in memory by default
 def test_a_server_that_answers_retries_as_fresh_is_caught_shrunk_and_replayed(
     sqlite_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

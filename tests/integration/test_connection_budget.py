@@ -43,11 +43,13 @@ ARGS = {"n": 1}
 
 
 class Census:
-    """The connections an engine holds: made minus closed, and the most held at once."""
+    """The connections an engine holds: made minus closed, and the most held at once; on
+    PostgreSQL also the server process of each connection it made."""
 
     def __init__(self, engine: Engine) -> None:
         self._mutex = threading.Lock()
         self._open: set[int] = set()
+        self._pids: list[int] = []
         self.made = 0
         self.peak = 0
         event.listen(engine, "connect", self._connected)
@@ -56,7 +58,11 @@ class Census:
 
     def _connected(self, dbapi: Any, _record: object) -> None:
         key = id(dbapi)
+        # psycopg's connection, or the async adapter's around it.
+        info = getattr(getattr(dbapi, "_connection", dbapi), "info", None)
         with self._mutex:
+            if info is not None and hasattr(info, "backend_pid"):
+                self._pids.append(info.backend_pid)
             self.made += 1
             self._open.add(key)
             self.peak = max(self.peak, len(self._open))
@@ -77,14 +83,25 @@ class Census:
         with self._mutex:
             return len(self._open)
 
+    @property
+    def pids(self) -> list[int]:
+        """The server processes of every connection the engine made (PostgreSQL)."""
+        with self._mutex:
+            return list(self._pids)
+
 
 class Sessions:
-    """The server's sessions of one database, sampled from an admin connection until stopped."""
+    """The server's sessions of one engine, sampled from an admin connection until stopped.
 
-    def __init__(self, pool: PostgresPool, url: str) -> None:
+    Only the engine's own server processes count: a session the test's fixtures closed just
+    before (creating or migrating the database) is listed until its backend has exited, and on
+    a busy machine that can take a while."""
+
+    def __init__(self, pool: PostgresPool, url: str, census: Census) -> None:
         import psycopg
 
         server = pool.start()
+        self._census = census
         self._database = url.rsplit("/", 1)[1]
         self._admin = psycopg.connect(**server.conninfo("postgres"), autocommit=True)
         self._stop = threading.Event()
@@ -92,9 +109,10 @@ class Sessions:
         self._thread = threading.Thread(target=self._sample)
 
     def _sample(self) -> None:
-        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+        query = "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid = ANY(%s)"
         while not self._stop.is_set():
-            (count,) = self._admin.execute(query, (self._database,)).fetchone()  # type: ignore[misc]
+            found = self._admin.execute(query, (self._database, self._census.pids)).fetchone()
+            (count,) = found  # type: ignore[misc]
             self.samples.append(int(count))
             self._stop.wait(0.002)
 
@@ -109,11 +127,11 @@ class Sessions:
 
 
 @contextmanager
-def _sessions(pool: PostgresPool, url: str, postgres: bool) -> Iterator[Sessions | None]:
+def _sessions(pool: PostgresPool, url: str, postgres: bool, census: Census) -> Iterator[Sessions | None]:
     if not postgres:
         yield None
         return
-    with Sessions(pool, url) as sessions:
+    with Sessions(pool, url, census) as sessions:
         yield sessions
 
 
@@ -164,7 +182,7 @@ def test_32_threads_admitting_and_retrying_never_hold_more_connections_than_the_
             errors.append(exc)
 
     try:
-        with _sessions(postgres_pool, db_url, store.postgres) as sessions:
+        with _sessions(postgres_pool, db_url, store.postgres, census) as sessions:
             threads = [threading.Thread(target=run, args=(n,)) for n in range(32)]
             for thread in threads:
                 thread.start()
@@ -175,7 +193,7 @@ def test_32_threads_admitting_and_retrying_never_hold_more_connections_than_the_
         # The load used more than one connection at once, and never more than the budget.
         assert 2 <= census.peak <= budget
         if sessions is not None:
-            assert sessions.samples and max(sessions.samples) <= budget
+            assert sessions.samples and 1 <= max(sessions.samples) <= budget
     finally:
         store.dispose()
     assert census.held == 0
@@ -184,7 +202,7 @@ def test_32_threads_admitting_and_retrying_never_hold_more_connections_than_the_
 def test_40_tasks_on_the_async_store_never_hold_more_connections_than_the_budget(
     db_url: str, postgres_pool: PostgresPool
 ) -> None:
-    async def main() -> tuple[int, list[int]]:
+    async def main() -> tuple[int, list[int] | None]:
         # As open_store makes it, with the census listening before the first connection.
         engine = create_awaited_engine(f"{db_url}?admission_connections=4")
         census = Census(engine)
@@ -205,15 +223,16 @@ def test_40_tasks_on_the_async_store_never_hold_more_connections_than_the_budget
                 assert again.command_id == first.command_id
 
         try:
-            with _sessions(postgres_pool, db_url, sync.postgres) as sessions:
+            with _sessions(postgres_pool, db_url, sync.postgres, census) as sessions:
                 await asyncio.gather(*(one(task) for task in range(40)))
         finally:
             await store.dispose()
-        return census.peak, [] if sessions is None else sessions.samples
+        return census.peak, None if sessions is None else sessions.samples
 
     peak, samples = asyncio.run(main())
     assert 1 <= peak <= 4
-    assert max(samples, default=0) <= 4
+    if samples is not None:  # PostgreSQL: the server saw the engine's sessions, never more than 4
+        assert samples and 1 <= max(samples) <= 4
 
 
 def test_the_url_parameter_reaches_the_pool_and_never_the_driver(db_url: str) -> None:
