@@ -36,13 +36,16 @@ PARTS = (
     "receipts",
     "states",
     "telemetry",
+    "files",
     "intent",
     "errors",
 )
 """The parts of the package, from the edges down to the exception tree.  ``admission`` is the
 facade (``__init__.py``), ``states`` the shared pure rules: the state-table rule (``_table.py``) and
 the declared bounds of stored text (``_bounds.py``); ``telemetry`` the spans, metrics and the
-root of the loggers (``telemetry.py``), which the services use and which imports nothing of admission."""
+root of the loggers (``telemetry.py``), which the services use and which imports nothing of admission;
+``files`` the local files (``_files.py``): the non-blocking file lock and the atomic JSON writer
+that the worker and the job runner share."""
 
 
 def part_of(module: str) -> str | None:
@@ -55,6 +58,8 @@ def part_of(module: str) -> str | None:
     head = names[1]
     if head in ("_table", "_bounds"):
         return "states"
+    if head == "_files":
+        return "files"
     if head == "__main__":
         return "cli"
     return head if head in PARTS else None

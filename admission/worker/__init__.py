@@ -7,9 +7,9 @@ operator; one owner at a time holds the queue (a file lock and a fenced lease).
 ``admission.sql.SqlWorkerStore`` on SQLite or PostgreSQL.
 """
 
+from admission._files import FileLock, write_json_atomically
 from admission.worker._intake import MAX_CONTENT, Intake, Scope, WorkerLimits, bounded_text, validate_record
 from admission.worker._lease import QueueLease
-from admission.worker._localfs import FileLock, write_json_atomically
 from admission.worker._memory import MemoryWorkerStore
 from admission.worker._observe import PollReport
 from admission.worker._outbox import OUTBOX_EVENT, OutboxRelay, RelayReport, record_outbox

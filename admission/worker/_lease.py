@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from admission._files import FileLock
 from admission.errors import FencedError, LeaseHeldError, RecordStateError
-from admission.worker._localfs import FileLock
 from admission.worker._store import WorkerStore
 
 __all__ = ["QueueLease"]

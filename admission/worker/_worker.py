@@ -34,6 +34,7 @@ from typing import Final
 
 from admission import _bounds as bounds
 from admission import telemetry
+from admission._files import write_json_atomically
 from admission.errors import (
     BeforeWriteError,
     InvalidRecordError,
@@ -46,7 +47,6 @@ from admission.errors import (
 from admission.intent._encoding import canonical_decode
 from admission.worker._intake import Intake, Scope, WorkerLimits, check_name, validate_record
 from admission.worker._lease import QueueLease
-from admission.worker._localfs import write_json_atomically
 from admission.worker._observe import PollReport, StatusObserver
 from admission.worker._states import (
     WAITING_WRITE_STATES,

@@ -1,4 +1,7 @@
-"""Local files of the worker: the ownership lock file and atomic JSON export (worker contract §3, §6)."""
+"""Local files: the ownership lock file and atomic JSON export (worker contract §3, §6).
+
+Shared by the durable worker (a lock per queue) and the job runner (a lock per scope).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +10,10 @@ import fcntl
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-from admission.errors import InputError, WorkerLockedError
+from admission.errors import InputError, OwnershipError, WorkerLockedError
 
 __all__ = ["FileLock", "write_json_atomically"]
 
@@ -40,19 +44,34 @@ def write_json_atomically(path: str | os.PathLike[str], payload: object) -> None
         os.close(directory)
 
 
+def _worker_locked(path: Path) -> OwnershipError:
+    return WorkerLockedError(
+        f"another worker holds {path}; only one local worker may own the queue", lock_path=str(path)
+    )
+
+
 class FileLock:
     """A non-blocking exclusive ``fcntl.flock`` on a lock file (contract §3).
 
     The OS drops it when the process dies, however it dies, so a second
     worker can start exactly when the first is gone.
+
+    ``refusal`` makes the error raised when another process holds the lock
+    (default: :class:`~admission.errors.WorkerLockedError`).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        refusal: Callable[[Path], OwnershipError] | None = None,
+    ) -> None:
         self.path = Path(path)
+        self._refusal = refusal or _worker_locked
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        """Take the lock, or raise WorkerLockedError at once if another process has it.
+        """Take the lock, or raise the refusal (``WorkerLockedError``) at once if another process has it.
 
         A path where no lock file can be made (a directory, a missing or
         unwritable folder) raises :class:`~admission.errors.InputError`.
@@ -67,10 +86,7 @@ class FileLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise WorkerLockedError(
-                f"another worker holds {self.path}; only one local worker may own the queue",
-                lock_path=str(self.path),
-            ) from None
+            raise self._refusal(self.path) from None
         self._fd = fd
 
     def release(self) -> None:
