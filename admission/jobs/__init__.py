@@ -23,7 +23,7 @@ from admission.jobs._states import (
     job_diagram,
     judge_publication,
 )
-from admission.jobs._store import JobRow, JobStore, JobTransaction
+from admission.jobs._store import AttemptRow, JobRow, JobStore, JobTransaction
 from admission.jobs._target import LocalPublisher
 from admission.jobs._values import (
     DEFAULT_LEASE_SECONDS,
@@ -59,6 +59,7 @@ __all__ = [
     "NO_BACKOFF",
     "UNFINISHED_JOB_STATES",
     "WAITING_JOB_STATES",
+    "AttemptRow",
     "Backoff",
     "Checkpoint",
     "ClaimResult",

@@ -17,6 +17,15 @@ after the new process first looks at it, never earlier.
 execution when a cancel or a stop was requested meanwhile, or when the
 attempts are used up (:func:`restart_refusal`).
 
+**Bounded recovery**: a claim of a job whose result was recorded starts a
+*recovery* attempt, which reads the target back and never executes a step.
+The attempts started after the one that recorded the result are counted; once
+they reach the job's ``max_attempts``, the next claim starts none but moves the
+job to ``recovery_required`` (``recovery_exhausted``) with a diagnostic
+(:func:`recovery_refusal`, :func:`end_recovery`).  The bound is the job's one
+``max_attempts``, counted apart for recovery: a job that recorded its result on
+its last attempt may still be recovered.
+
 **A claim** (:func:`start_attempt`) moves the job to ``running`` under
 ``fence + 1`` (contract §3: a reclaim never reuses the old token), records
 the attempt, and hands the owner a :class:`~admission.jobs._values.JobLease`
@@ -33,10 +42,11 @@ from datetime import datetime
 from admission.errors import StorageError
 from admission.intent._encoding import Value, canonical_decode
 from admission.jobs._lifecycle import transition
-from admission.jobs._store import JobRow, JobTransaction
-from admission.jobs._values import ClaimResult, JobLease
+from admission.jobs._states import JobState
+from admission.jobs._store import AttemptRow, JobRow, JobTransaction
+from admission.jobs._values import ClaimResult, JobLease, bounded_diagnostic
 
-__all__ = ["LeaseWatch", "restart_refusal", "start_attempt"]
+__all__ = ["LeaseWatch", "end_recovery", "recovery_refusal", "restart_refusal", "start_attempt"]
 
 
 @dataclass
@@ -74,6 +84,56 @@ def restart_refusal(row: JobRow) -> tuple[str, str] | None:
     if row.attempts >= row.max_attempts:
         return "attempts_exhausted", "attempts_exhausted"
     return None
+
+
+def recovery_refusal(row: JobRow, recovering_attempts: int) -> tuple[str, str] | None:
+    """Why a job whose result was recorded must not start another recovery attempt, as (event,
+    reason), if it must not: ``recovering_attempts`` (those started after the attempt that recorded
+    the result) already reached the job's ``max_attempts``."""
+    if recovering_attempts >= row.max_attempts:
+        return "recovery_exhausted", "recovery_exhausted"
+    return None
+
+
+def _attempt(tx: JobTransaction, row: JobRow, attempt_id: str | None) -> AttemptRow:
+    found = None if attempt_id is None else tx.attempt(attempt_id)
+    if found is None:
+        raise StorageError(f"job {row.job_id!r} names attempt {attempt_id!r}, but the store has none")
+    return found
+
+
+def _exhausted_diagnostic(row: JobRow, recorded: AttemptRow, last: AttemptRow) -> str:
+    recovering = row.attempts - recorded.number
+    if last.diagnostic is not None:
+        error = f"ended {last.outcome}: {last.diagnostic}"
+    else:
+        error = f"ended {last.outcome}, no error recorded (its owner stopped or lost its lease)"
+    return bounded_diagnostic(
+        f"recovery exhausted: {recovering} recovery attempt{'s' if recovering != 1 else ''} "
+        f"(the bound, max_attempts={row.max_attempts}) "
+        f"after attempt {recorded.number} recorded the result; no step was re-executed and nothing is "
+        f"published again until an operator resolves the job; the last recovery attempt "
+        f"({last.number}) {error}"
+    )
+
+
+def end_recovery(tx: JobTransaction, row: JobRow, now: datetime) -> ClaimResult | None:
+    """At the reclaim of a job ``tx`` holds whose result was recorded: if its recovery attempts
+    reached the bound (:func:`recovery_refusal`), move it to ``recovery_required`` with a diagnostic
+    (on the job and in the event) and answer ``not_claimable``; else ``None`` (recover once more).
+
+    The expired attempt was ended by the caller; its own ending (an error its owner recorded
+    with ``publication_failed``) goes into the diagnostic.
+    """
+    recorded = _attempt(tx, row, row.publish_attempt_id)
+    refusal = recovery_refusal(row, row.attempts - recorded.number)
+    if refusal is None:
+        return None
+    event, reason = refusal
+    diagnostic = _exhausted_diagnostic(row, recorded, _attempt(tx, row, row.attempt_id))
+    changes = replace(row, diagnostic=diagnostic)
+    transition(tx, row, event, reason, now, detail=diagnostic, changes=changes)
+    return ClaimResult("not_claimable", row.job_id, JobState.RECOVERY_REQUIRED.value, reason)
 
 
 def start_attempt(

@@ -8,22 +8,42 @@ transition is an event), then settles the job's blocked dependents: the last
 completed dependency unblocks them, a failed or cancelled one fails them,
 transitively.
 
-Every write of an owner starts with :func:`fenced` (contract §3).
+Every write of an owner starts with :func:`fenced` (contract §3).  The owner's
+writes about the publication are here too: the judgement of what the target
+holds (:func:`judge_recovery`) and a failure of the target
+(:func:`record_publication_failure`).
 
 Speaks only to the port (:class:`~admission.jobs._store.JobTransaction`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import Literal
 
-from admission.errors import JobFencedError
-from admission.jobs._states import JOB_TRANSITIONS, JobState, initial_state
+from admission.errors import InvalidJobError, JobFencedError, JobStateError
+from admission.jobs._states import (
+    JOB_TRANSITIONS,
+    JobState,
+    PublicationVerdict,
+    PublishedResult,
+    initial_state,
+    judge_publication,
+)
 from admission.jobs._store import JobRow, JobTransaction
-from admission.jobs._values import JobEvent, JobLease
+from admission.jobs._values import JobEvent, JobLease, bounded_diagnostic
 
-__all__ = ["end_attempt", "fenced", "record_event", "transition"]
+__all__ = [
+    "end_attempt",
+    "fenced",
+    "judge_recovery",
+    "record_event",
+    "record_publication_failure",
+    "refused_write",
+    "transition",
+]
 
 
 def record_event(
@@ -123,4 +143,69 @@ def fenced(tx: JobTransaction, lease: JobLease, now: datetime) -> JobRow:
         fence=lease.fence,
         current_fence=None if current is None else current.fence,
         state=None if current is None else current.state,
+    )
+
+
+def refused_write(job_id: str, event: str, why: str) -> JobStateError:
+    """The refusal of an owner's write that its running job does not admit (``why`` says why)."""
+    return JobStateError(f"job {job_id!r} {why}", job_id=job_id, state="running", event=event)
+
+
+def judge_recovery(
+    tx: JobTransaction, lease: JobLease, published: Sequence[PublishedResult], now: datetime
+) -> PublicationVerdict:
+    """Judge, under the lease's fence, what the target holds for a job whose result was recorded
+    (:func:`~admission.jobs._states.judge_publication`): ``consistent`` completes it
+    (``recovered_after_publish``), ``inconsistent`` moves it to ``recovery_required`` with the
+    publications found, ``absent`` changes nothing (the owner publishes again)."""
+    row = fenced(tx, lease, now)
+    if row.publish_result is None or row.publish_attempt_id is None:
+        raise refused_write(lease.job_id, "recover", "recorded no result; there is nothing to recover")
+    verdict = judge_publication(lease.job_id, row.publish_attempt_id, row.publish_result, published)
+    if verdict == "consistent":
+        end_attempt(tx, lease.attempt_id, "recovered_after_publish", None, now)
+        transition(tx, row, "recovered_after_publish", "recovered_after_publish", now)
+    elif verdict == "inconsistent":
+        detail = bounded_diagnostic(
+            f"{len(published)} publications: "
+            + ", ".join(f"attempt {p.attempt_id} ({len(p.result)} bytes)" for p in published)
+        )
+        end_attempt(tx, lease.attempt_id, "recovery_required", detail, now)
+        transition(tx, row, "inconsistent_publication", "inconsistent_publication", now, detail=detail)
+    return verdict
+
+
+def record_publication_failure(
+    tx: JobTransaction,
+    lease: JobLease,
+    diagnostic: str,
+    reason: Literal["target_unreadable", "publish_failed"],
+    now: datetime,
+) -> None:
+    """Record, under the lease's fence, that the target failed for a job whose result was recorded:
+    the attempt ends with ``reason`` and ``diagnostic``, the job keeps the diagnostic and stays
+    ``running`` (whether a publication landed is unknown), and event ``publication_failed``
+    (running -> running) says so.  The diagnostic was checked by the caller."""
+    if reason not in ("target_unreadable", "publish_failed"):
+        raise InvalidJobError(
+            f"must be 'target_unreadable' or 'publish_failed', got {reason!r}",
+            field="reason",
+            job_id=lease.job_id,
+        )
+    row = fenced(tx, lease, now)
+    if row.publish_result is None:
+        raise refused_write(lease.job_id, "publication_failed", "recorded no result to publish")
+    end_attempt(tx, lease.attempt_id, reason, diagnostic, now)
+    tx.save_job(replace(row, diagnostic=diagnostic))
+    record_event(
+        tx,
+        lease.job_id,
+        "publication_failed",
+        "running",
+        "running",
+        reason,
+        now,
+        fence=lease.fence,
+        attempt_id=lease.attempt_id,
+        detail=diagnostic,
     )

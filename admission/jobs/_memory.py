@@ -23,25 +23,12 @@ from datetime import datetime
 from admission.errors import StorageError
 from admission.intent._encoding import canonical_decode
 from admission.jobs._states import UNFINISHED_JOB_STATES
-from admission.jobs._store import JobRow, JobTransaction
+from admission.jobs._store import AttemptRow, JobRow, JobTransaction
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 
 __all__ = ["MemoryJobStore"]
 
 _CLAIMABLE = ("queued", "retry_wait", "running")
-
-
-@dataclass(frozen=True)
-class _Attempt:
-    attempt_id: str
-    job_id: str
-    number: int
-    fence: int
-    owner: str
-    started_at: datetime
-    ended_at: datetime | None = None
-    outcome: str | None = None
-    diagnostic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +49,7 @@ class _Tables:
     jobs: dict[str, JobRow]
     depends_on: dict[str, tuple[str, ...]]
     dependents: dict[str, tuple[str, ...]]
-    attempts: dict[str, _Attempt]
+    attempts: dict[str, AttemptRow]
     checkpoints: dict[str, tuple[_Stored, ...]]
     events: dict[str, tuple[JobEvent, ...]]
     last_event: int = 0
@@ -159,7 +146,7 @@ class _MemoryTransaction:
             raise _refused("pk_worker_job_attempts")
         if any(a.job_id == job_id and a.number == number for a in self._t.attempts.values()):
             raise _refused("uq_worker_job_attempts_job_id_number")
-        self._t.attempts[attempt_id] = _Attempt(attempt_id, job_id, number, fence, owner, started_at)
+        self._t.attempts[attempt_id] = AttemptRow(attempt_id, job_id, number, fence, owner, started_at)
 
     def end_attempt(
         self, attempt_id: str, *, ended_at: datetime, outcome: str, diagnostic: str | None
@@ -169,6 +156,9 @@ class _MemoryTransaction:
             self._t.attempts[attempt_id] = replace(
                 attempt, ended_at=ended_at, outcome=outcome, diagnostic=diagnostic
             )
+
+    def attempt(self, attempt_id: str) -> AttemptRow | None:
+        return self._t.attempts.get(attempt_id)
 
     def insert_checkpoint(
         self, *, job_id: str, step: int, attempt_id: str, fence: int, state: bytes, recorded_at: datetime

@@ -26,7 +26,11 @@ at a step boundary stops the job there.  The runner never publishes after its
 own lease deadline (monotonic clock): it stops and lets the next owner recover;
 an owner paused past that check is stopped by the target, which refuses a
 publication carrying an older fencing token than one it has seen
-(:class:`~admission.jobs._values.Publisher`).
+(:class:`~admission.jobs._values.Publisher`).  A target that fails (a read
+back or a publication raises) has the failure recorded on the job
+(``JobService.publication_failed``) before the exception goes on to the
+caller; the job stays ``running`` and the next claim recovers it, a bounded
+number of times.
 """
 
 from __future__ import annotations
@@ -158,6 +162,32 @@ class JobRunner:
             renewal.stop.set()
             thread.join()
 
+    @contextmanager
+    def _target_failure(
+        self, lease: JobLease, reason: Literal["target_unreadable", "publish_failed"]
+    ) -> Iterator[None]:
+        """Record on the job why the target failed (``publication_failed``), then let the exception go on.
+
+        The job stays ``running`` with its recorded result: whether a publication landed is
+        unknown, so nothing is retried blindly; the next claim recovers, within the recovery
+        bound, and a job past it says why with this diagnostic.  A refusal by the target's fence
+        is not a failure of the target (a newer owner was there): it goes on untouched.
+        """
+        try:
+            yield
+        except JobFencedError:
+            raise
+        except Exception as exc:
+            # The exception's text goes to the job's diagnostic, not to the log: it may quote the result.
+            _log.warning("job %s: %s, %s", lease.job_id, reason, type(exc).__name__)
+            diagnostic = bounded_diagnostic(f"{type(exc).__name__}: {exc}")
+            try:
+                self.service.publication_failed(lease, diagnostic, reason=reason)
+            except Exception as failure:
+                # Fenced, or a busy database: the caller still gets the target's own exception.
+                _log.warning("job %s: %s not recorded, %s", lease.job_id, reason, type(failure).__name__)
+            raise
+
     def _step_span(self, lease: JobLease, number: int) -> AbstractContextManager[telemetry.Span]:
         return telemetry.span(
             "admission.job.step",
@@ -239,7 +269,8 @@ class JobRunner:
         if self.service.clock() >= deadline:
             # Too late to publish safely: the next owner recovers with the recorded ids.
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost", tuple(steps))
-        self.publisher.publish(lease.job_id, lease.attempt_id, result, fence=lease.fence)
+        with self._target_failure(lease, "publish_failed"):
+            self.publisher.publish(lease.job_id, lease.attempt_id, result, fence=lease.fence)
         if self.fault is not None:
             self.fault("after_publish", steps[-1])
         view = self.service.complete(lease)
@@ -248,15 +279,18 @@ class JobRunner:
     def _recover(self, lease: JobLease) -> RunReport:
         assert lease.publish_result is not None and lease.publish_attempt_id is not None
         # The fenced read: from here on, an older owner's publication is refused by the target.
-        verdict = self.service.recover(lease, self.publisher.read_published(lease.job_id, fence=lease.fence))
+        with self._target_failure(lease, "target_unreadable"):
+            published = self.publisher.read_published(lease.job_id, fence=lease.fence)
+        verdict = self.service.recover(lease, published)
         if verdict != "absent":
             return self._report(self.service.status(lease.job_id), [], False)
         if self.service.clock() >= lease.deadline:
             return RunReport(lease.job_id, "lease_lost", "running", "lease_lost")
         # The publication never landed: replay it with the recorded ids (never re-execute).
-        self.publisher.publish(
-            lease.job_id, lease.publish_attempt_id, lease.publish_result, fence=lease.fence
-        )
+        with self._target_failure(lease, "publish_failed"):
+            self.publisher.publish(
+                lease.job_id, lease.publish_attempt_id, lease.publish_result, fence=lease.fence
+            )
         if self.fault is not None:
             self.fault("after_publish", lease.resume_step)
         view = self.service.complete(lease, reason="published_on_replay")

@@ -12,7 +12,7 @@ attempt are ``admission.jobs._claims``.
 **Fencing** (contract §3).  A claim sets ``fence = fence + 1`` on the job and
 hands the new value to the owner in its :class:`JobLease`.  Every write of
 the owner (``heartbeat``, ``checkpoint``, ``record_result``, ``complete``,
-``fail``, ``recover``, ``cancel_running``) starts with the store's one
+``fail``, ``recover``, ``publication_failed``, ``cancel_running``) starts with the store's one
 conditional write, which matches the job only while it is ``running`` under
 that fence (:func:`~admission.jobs._lifecycle.fenced`); no match raises
 :class:`~admission.errors.JobFencedError` and the transaction writes
@@ -27,7 +27,8 @@ hands the latest one to the next attempt, which resumes at the next step.
 it through a :class:`Publisher`, then acknowledges (``complete``).  A
 reclaimed job with a publish intent is never executed again: the next owner
 reads the target back and :func:`~admission.jobs._states.judge_publication`
-decides (``recover``).
+decides (``recover``); such recovery attempts are bounded by the job's
+``max_attempts`` (``admission.jobs._claims``).
 
 Time and identifiers are parameters (``clock``, ``now``, ``new_id``), so
 tests drive them.
@@ -49,21 +50,27 @@ from admission import _bounds as bounds
 from admission.errors import (
     AdmissionError,
     InvalidJobError,
-    JobStateError,
     UnknownJobError,
 )
 from admission.intent._encoding import Value, canonical_encode
 from admission.jobs._backoff import DEFAULT_BACKOFF, Backoff
-from admission.jobs._claims import LeaseWatch, restart_refusal, start_attempt
+from admission.jobs._claims import LeaseWatch, end_recovery, restart_refusal, start_attempt
 from admission.jobs._enqueue import enqueue_batch
-from admission.jobs._lifecycle import end_attempt, fenced, record_event, transition
+from admission.jobs._lifecycle import (
+    end_attempt,
+    fenced,
+    judge_recovery,
+    record_event,
+    record_publication_failure,
+    refused_write,
+    transition,
+)
 from admission.jobs._states import (
     FINAL_JOB_STATES,
     WAITING_JOB_STATES,
     JobState,
     PublicationVerdict,
     PublishedResult,
-    judge_publication,
 )
 from admission.jobs._store import JobRow, JobStore, JobTransaction
 from admission.jobs._values import (
@@ -80,7 +87,6 @@ from admission.jobs._values import (
     JobEvent,
     JobLease,
     JobView,
-    bounded_diagnostic,
     check_diagnostic,
     check_text,
     job_backoff,
@@ -107,10 +113,6 @@ def _retry_time(row: JobRow, now: datetime, backoff: Backoff, draw: float) -> da
         raise InvalidJobError(f"must draw a float in [0, 1), drew {draw!r}", field="rng", job_id=row.job_id)
     policy = job_backoff(row.content) or backoff
     return now + timedelta(seconds=policy.delay(row.attempts, draw))
-
-
-def _refused(job_id: str, event: str, why: str) -> JobStateError:
-    return JobStateError(f"job {job_id!r} {why}", job_id=job_id, state="running", event=event)
 
 
 class JobService:
@@ -242,6 +244,10 @@ class JobService:
                         event, reason = ending
                         final = transition(tx, row, event, reason, now)
                         return ClaimResult("final", job_id, final.state, reason)
+                else:
+                    exhausted = end_recovery(tx, row, now)
+                    if exhausted is not None:
+                        return exhausted
                 event = "reclaim"
             else:
                 # queued or retry_wait: a stop or cancel request would have ended it already.
@@ -325,7 +331,7 @@ class JobService:
             now = self.now()
             row = fenced(tx, lease, now)
             if row.publish_result is not None:
-                raise _refused(lease.job_id, "record_result", "already recorded its result")
+                raise refused_write(lease.job_id, "record_result", "already recorded its result")
             tx.save_job(replace(row, publish_attempt_id=lease.attempt_id, publish_result=encoded))
             record_event(
                 tx,
@@ -346,7 +352,7 @@ class JobService:
             now = self.now()
             row = fenced(tx, lease, now)
             if row.publish_result is None:
-                raise _refused(lease.job_id, "complete", "has no recorded result to acknowledge")
+                raise refused_write(lease.job_id, "complete", "has no recorded result to acknowledge")
             end_attempt(tx, lease.attempt_id, "completed", None, now)
             row = transition(tx, row, "complete", reason, now)
             return row.view(tx.dependencies(lease.job_id))
@@ -366,7 +372,7 @@ class JobService:
             row = fenced(tx, lease, now)
             if row.publish_result is not None:
                 # After the result was recorded, only the publication decides (recover).
-                raise _refused(lease.job_id, "fail", "recorded its result; it cannot fail now")
+                raise refused_write(lease.job_id, "fail", "recorded its result; it cannot fail now")
             if not retryable:
                 event, reason = "fatal_failure", "failed"
             else:
@@ -384,7 +390,7 @@ class JobService:
             now = self.now()
             row = fenced(tx, lease, now)
             if not row.cancel_requested or row.publish_result is not None:
-                raise _refused(
+                raise refused_write(
                     lease.job_id,
                     "cancelled_after_reconciliation",
                     "has no cancel request to honour before publication",
@@ -402,24 +408,17 @@ class JobService:
         calls :meth:`complete`.
         """
         with self.store.transaction() as tx:
-            now = self.now()
-            row = fenced(tx, lease, now)
-            if row.publish_result is None or row.publish_attempt_id is None:
-                raise _refused(lease.job_id, "recover", "recorded no result; there is nothing to recover")
-            verdict = judge_publication(lease.job_id, row.publish_attempt_id, row.publish_result, published)
-            if verdict == "consistent":
-                end_attempt(tx, lease.attempt_id, "recovered_after_publish", None, now)
-                transition(tx, row, "recovered_after_publish", "recovered_after_publish", now)
-            elif verdict == "inconsistent":
-                detail = bounded_diagnostic(
-                    f"{len(published)} publications: "
-                    + ", ".join(f"attempt {p.attempt_id} ({len(p.result)} bytes)" for p in published)
-                )
-                end_attempt(tx, lease.attempt_id, "recovery_required", detail, now)
-                transition(
-                    tx, row, "inconsistent_publication", "inconsistent_publication", now, detail=detail
-                )
-        return verdict
+            return judge_recovery(tx, lease, published, self.now())
+
+    def publication_failed(
+        self, lease: JobLease, diagnostic: str, *, reason: Literal["target_unreadable", "publish_failed"]
+    ) -> None:
+        """Record why the target could not be read back or published to, for a job whose result was
+        recorded: the attempt ends with ``reason`` and ``diagnostic`` (at most 2 KiB, else refused),
+        which the job keeps; it stays ``running``, and the next claim recovers, within the bound."""
+        check_diagnostic(diagnostic, lease.job_id)
+        with self.store.transaction() as tx:
+            record_publication_failure(tx, lease, diagnostic, reason, self.now())
 
     # -- requests of callers and operators --
 

@@ -20,7 +20,10 @@ can make; the job service applies an event only through
   replays with the same ids and judges the publication
   (``judge_publication``): consistent -> ``recovered_after_publish``
   (``completed``, nothing re-executed), inconsistent -> ``inconsistent_publication``
-  (``recovery_required``).
+  (``recovery_required``).  Recovery is bounded: a job whose recovery attempts
+  (the attempts started after the one that recorded the result) reached its
+  ``max_attempts`` is not reclaimed again but moved ``recovery_exhausted``
+  (``recovery_required``), nothing executed or published.
 * ``cancel`` ends a waiting job (``queued``, ``retry_wait``, ``blocked``) at
   once.  A running job is only *marked* (a flag, not a state): its owner stops
   at its next step boundary, or the next owner reconciles it, and it ends
@@ -117,6 +120,7 @@ JOB_TRANSITIONS: Final = StateTable[JobState](
         (_R, "complete"): _C,
         (_R, "recovered_after_publish"): _C,
         (_R, "inconsistent_publication"): _N,
+        (_R, "recovery_exhausted"): _N,
         (_R, "retryable_failure"): _W,
         (_R, "attempts_exhausted"): _F,
         (_R, "fatal_failure"): _F,

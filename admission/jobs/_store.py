@@ -39,7 +39,7 @@ from typing import ClassVar, Protocol
 
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 
-__all__ = ["JobRow", "JobStore", "JobTransaction"]
+__all__ = ["AttemptRow", "JobRow", "JobStore", "JobTransaction"]
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,26 @@ class JobRow:
             depends_on=tuple(sorted(depends_on)),
             not_before=self.not_before,
         )
+
+
+@dataclass(frozen=True)
+class AttemptRow:
+    """One attempt as stored: what ``worker_job_attempts`` holds for it.
+
+    ``number`` counts the job's attempts from 1; ``outcome`` and ``diagnostic``
+    are set when the attempt ended (``ended_at``), by its owner or by the
+    claim that took the job after its lease expired (``lease_expired``).
+    """
+
+    attempt_id: str
+    job_id: str
+    number: int
+    fence: int
+    owner: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    outcome: str | None = None
+    diagnostic: str | None = None
 
 
 class JobTransaction(Protocol):
@@ -183,6 +203,10 @@ class JobTransaction(Protocol):
         self, attempt_id: str, *, ended_at: datetime, outcome: str, diagnostic: str | None
     ) -> None:
         """Record how an attempt ended; an attempt that already ended keeps its first ending."""
+        ...
+
+    def attempt(self, attempt_id: str) -> AttemptRow | None:
+        """The attempt as stored, or ``None`` if there is none with that id."""
         ...
 
     def insert_checkpoint(

@@ -161,7 +161,9 @@ class ClaimResult:
     ``claimed``: ``lease`` is yours.  ``final``: the job is (now) completed,
     failed or cancelled; a duplicate delivery is acknowledged, nothing runs.
     ``not_claimable``: ``reason`` says why (``blocked``, ``paused``,
-    ``lease_live``, ``recovery_required``, ``backoff``: a retry's wait has not ended).
+    ``lease_live``, ``recovery_required``, ``backoff``: a retry's wait has not ended;
+    ``recovery_exhausted``: this claim found the job's recovery attempts at their
+    bound and moved it to ``recovery_required`` instead of starting another).
     """
 
     outcome: Literal["claimed", "final", "not_claimable"]
@@ -309,11 +311,15 @@ def check_diagnostic(diagnostic: str | None, job_id: str) -> None:
 def bounded_diagnostic(text: str) -> str:
     """``text`` cut to fit :data:`MAX_DIAGNOSTIC_BYTES`, with a visible marker when cut (never silently).
 
-    NUL and lone surrogates, which no backend stores, become U+FFFD.
+    NUL and lone surrogates, which no backend stores, become U+FFFD first; a cut
+    keeps whole characters and ends with `` [truncated N bytes]``, where N is the
+    number of UTF-8 bytes cut from that mended text (kept bytes + N = its length).
     """
     data = bounds.storable_text(text).encode("utf-8")
     if len(data) <= MAX_DIAGNOSTIC_BYTES:
         return data.decode("utf-8")
-    marker = f" [truncated {len(data)} bytes]"
-    head = data[: MAX_DIAGNOSTIC_BYTES - len(marker.encode()) - 16]
-    return head.decode("utf-8", "ignore") + marker
+    # Room for the widest marker: N is at most len(data), so its digits never outgrow the reservation.
+    room = MAX_DIAGNOSTIC_BYTES - len(f" [truncated {len(data)} bytes]")
+    head = data[:room].decode("utf-8", "ignore")
+    cut = len(data) - len(head.encode("utf-8"))
+    return f"{head} [truncated {cut} bytes]"

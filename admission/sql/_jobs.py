@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from admission.errors import StorageError
 from admission.intent._encoding import canonical_decode
 from admission.jobs._states import UNFINISHED_JOB_STATES
-from admission.jobs._store import JobRow, JobTransaction
+from admission.jobs._store import AttemptRow, JobRow, JobTransaction
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 from admission.sql._engine import (
     DEFAULT_URL,
@@ -141,6 +141,7 @@ _BEGIN_ATTEMPT: Final = insert(worker_job_attempts)
 _END_ATTEMPT: Final = update(worker_job_attempts).where(
     _ATTEMPTS.attempt_id == bindparam("b_attempt_id"), _ATTEMPTS.ended_at.is_(None)
 )
+_READ_ATTEMPT: Final = select(worker_job_attempts).where(_ATTEMPTS.attempt_id == bindparam("b_attempt_id"))
 _INSERT_CHECKPOINT: Final = insert(worker_job_checkpoints)
 _CHECKPOINT_STATE: Final = select(_CHECKPOINTS.state).where(
     _CHECKPOINTS.job_id == bindparam("b_job_id"), _CHECKPOINTS.step == bindparam("b_step")
@@ -296,6 +297,23 @@ class _SqlJobTransaction:
             "diagnostic": diagnostic,
         }
         self._conn.execute(_END_ATTEMPT, params)
+
+    def attempt(self, attempt_id: str) -> AttemptRow | None:
+        row = self._conn.execute(_READ_ATTEMPT, {"b_attempt_id": attempt_id}).mappings().first()
+        if row is None:
+            return None
+        ended_at = row["ended_at"]
+        return AttemptRow(
+            attempt_id=row["attempt_id"],
+            job_id=row["job_id"],
+            number=int(row["number"]),
+            fence=int(row["fence"]),
+            owner=row["owner"],
+            started_at=as_utc(row["started_at"]),
+            ended_at=None if ended_at is None else as_utc(ended_at),
+            outcome=row["outcome"],
+            diagnostic=row["diagnostic"],
+        )
 
     def insert_checkpoint(
         self, *, job_id: str, step: int, attempt_id: str, fence: int, state: bytes, recorded_at: datetime

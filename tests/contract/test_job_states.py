@@ -58,6 +58,8 @@ class ModelJob:
     stop: bool = False
     step: int = 0
     result_attempt: str | None = None
+    result_number: int = 0
+    """The number of the attempt that recorded the result: the attempts after it are recoveries."""
     seen: tuple[tuple[int, int], float] | None = None
     published: list[tuple[str, bytes]] = field(default_factory=list)
     not_before: float | None = None
@@ -124,6 +126,10 @@ class Model:
                 if ending is not None:
                     self.to(job_id, ending)
                     return "final", job.state
+            elif job.attempts - job.result_number >= job.max_attempts:
+                # Recovery is bounded by max_attempts too, counted from the recording attempt.
+                self.to(job_id, "recovery_exhausted")
+                return "not_claimable", "recovery_exhausted"
             event = "reclaim"
         self.to(job_id, event)
         job.fence += 1
@@ -188,6 +194,25 @@ class JobMachine(RuleBasedStateMachine):
         job_id = self._enqueue((), 3)
         self.crash_after_publish_then_recover(job_id, tampered=False)
         return job_id
+
+    @initialize()
+    def recovery_meets_its_bound(self) -> None:
+        """Every program also runs a job whose target stays unreadable: the owner records why, then
+        recovery after recovery dies, until the bound moves it to recovery_required; an operator
+        resolves it (which frees its place in the scope's bound for the rest of the program)."""
+        job_id = self._enqueue((), 1)
+        self.claim(job_id)
+        self.finish(job_id, -1, publish=False, ack=False)
+        self._write(job_id, self.leases[job_id][-1], lambda: self._target_fails(job_id), lambda job: False)
+        for _ in range(2):
+            self.watch_then_claim(job_id)
+        assert self.store.status(job_id).state == self.model.jobs[job_id].state == "recovery_required"
+        self.store.resolve(job_id, "failed", who="model", why="target lost")
+        self.model.to(job_id, "resolve_failed")
+
+    def _target_fails(self, job_id: str) -> None:
+        lease = self.leases[job_id][-1]
+        self.store.publication_failed(lease, "ConnectionError: unreachable", reason="target_unreadable")
 
     def _enqueue(self, deps: tuple[str, ...], max_attempts: int) -> str:
         job_id = self._id()
@@ -303,7 +328,7 @@ class JobMachine(RuleBasedStateMachine):
         def model_action(job: ModelJob) -> bool:
             if job.result_attempt is not None:
                 return True
-            job.result_attempt = lease.attempt_id
+            job.result_attempt, job.result_number = lease.attempt_id, lease.attempt_number
             return False
 
         before = self.model.jobs[job_id].result_attempt
@@ -419,6 +444,13 @@ def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> Non
         + ", ".join(f"{event} {n}" for event, n in sorted(seen.items()))
     )
     # The run reached the interesting corners of the table, not only the easy ones.
-    for event in ("reclaim", "recovered_after_publish", "inconsistent_publication", "retryable_failure"):
+    for event in (
+        "reclaim",
+        "recovered_after_publish",
+        "inconsistent_publication",
+        "recovery_exhausted",
+        "publication_failed",
+        "retryable_failure",
+    ):
         assert seen.get(event, 0) > 0, (event, seen)
     assert JobMachine.backoffs > 0

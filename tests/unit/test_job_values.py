@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,30 @@ def test_bounded_diagnostic_always_fits_and_only_cuts_what_does_not(text: str) -
         assert cut == storable
     else:
         assert cut.endswith("bytes]") and "[truncated " in cut
+
+
+_PIECES = st.sampled_from(["a", "é", "€", "😀", "\x00", "\ud800", "[truncated 9 bytes]"]) | st.characters()
+_SHORT = st.lists(_PIECES, max_size=40).map("".join)
+_TEXTS = st.builds(lambda head, unit, times: head + unit * times, _SHORT, _SHORT, st.integers(0, 600))
+"""Characters of every UTF-8 width, what is mended (NUL, a lone surrogate), and a marker look-alike;
+a short run repeated, so that about half of the texts are long enough to be cut, anywhere."""
+
+
+@given(_TEXTS)
+@settings(max_examples=200)
+def test_the_truncation_marker_counts_the_bytes_cut(text: str) -> None:
+    cut = bounded_diagnostic(text)
+    mended = bounds.storable_text(text).encode()  # NUL and lone surrogates are U+FFFD (3 bytes) first
+    assert len(cut.encode()) <= MAX_DIAGNOSTIC_BYTES
+    if len(mended) <= MAX_DIAGNOSTIC_BYTES:
+        assert cut.encode() == mended
+        return
+    match = re.fullmatch(r"(.*) \[truncated (\d+) bytes\]", cut, re.DOTALL)
+    assert match is not None
+    kept = match.group(1).encode()
+    assert mended.startswith(kept) and len(kept) + int(match.group(2)) == len(mended)
+    # As much is kept as the marker leaves room for, short of a character cut in two.
+    assert MAX_DIAGNOSTIC_BYTES - len(cut.encode()) <= 3 + len(str(len(mended))) - len(match.group(2))
 
 
 def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
