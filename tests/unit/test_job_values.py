@@ -11,6 +11,7 @@ from admission import _bounds as bounds
 from admission.errors import (
     InvalidJobError,
     JobFencedError,
+    JobLockedError,
     JobQueueFullError,
     JobStateError,
     RetryableJobError,
@@ -37,6 +38,7 @@ def test_bounded_diagnostic_always_fits_and_only_cuts_what_does_not(text: str) -
 def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
     errors = [
         JobFencedError("m", job_id="j", fence=1, current_fence=2, state="running"),
+        JobLockedError("m", scope="s", lock_path="/run/locks/0123.lock"),
         JobQueueFullError("m", scope="s", waiting=128, limit=128),
         JobStateError("m", job_id="j", state="completed", event="claim"),
         UnknownJobError("m", job_id="j"),
@@ -46,6 +48,7 @@ def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
     codes = [e.code for e in errors]
     assert codes == [
         "job_fenced",
+        "job_locked",
         "job_queue_full",
         "job_state",
         "job_unknown",
