@@ -197,8 +197,8 @@ class JobRunner:
         def refusal(path: Path) -> OwnershipError:
             # The lock file, not the scope or the payload: the scope is the error's data.
             return JobLockedError(
-                f"another job runner on this machine holds {path}, the lock of this job's scope; "
-                "it runs one job of the scope at a time",
+                f"another job runner on this machine holds {path}, the lock of the job's scope; "
+                "one runner per scope runs at a time: nothing was claimed",
                 scope=name,
                 lock_path=str(path),
             )
