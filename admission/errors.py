@@ -22,7 +22,7 @@ catch a kind without naming every subsystem's error::
     │       └── UpdateInProgressError (retryable), UpdateFailedError
     ├── UnknownError           no such update, command or job (a ``LookupError``)
     ├── OwnershipError         another owner holds it, or this owner was fenced out
-    │   ├── WorkerLockedError, LeaseHeldError
+    │   ├── WorkerLockedError, JobLockedError, LeaseHeldError
     │   └── FencedError ── JobFencedError
     ├── StorageError           the database failed or refused (retryable)
     ├── EventLogMovedError     the event log's transaction ids are another cluster's (not retryable)
@@ -58,6 +58,7 @@ __all__ = [
     "InvalidRequestIdError",
     "InvalidValueError",
     "JobFencedError",
+    "JobLockedError",
     "JobQueueFullError",
     "JobStateError",
     "LeaseHeldError",
@@ -170,8 +171,7 @@ class InvalidRequestIdError(InputError):
 
     def __init__(self, reason: str, *, request_id: object = None) -> None:
         super().__init__(f"request_id: {reason}", field="request_id")
-        self.reason = reason
-        self.request_id = request_id
+        self.reason, self.request_id = reason, request_id
 
 
 class ReservedRequestIdError(InputError):
@@ -181,8 +181,7 @@ class ReservedRequestIdError(InputError):
 
     def __init__(self, reason: str, *, request_id: str) -> None:
         super().__init__(f"request_id: {reason}", field="request_id")
-        self.reason = reason
-        self.request_id = request_id
+        self.reason, self.request_id = reason, request_id
 
 
 class InvalidCommandTypeError(InputError):
@@ -234,8 +233,7 @@ class InvalidJobError(InputError):
 
     def __init__(self, reason: str, *, field: str, job_id: str | None = None) -> None:
         super().__init__(f"{field}: {reason}", field=field)
-        self.reason = reason
-        self.job_id = job_id
+        self.reason, self.job_id = reason, job_id
 
 
 # -- state: the operation does not fit what is stored ---------------------------------------------
@@ -265,8 +263,7 @@ class RunStateError(StateError):
 
     def __init__(self, message: str, *, reason: str, run_id: str | None, state: str | None = None) -> None:
         super().__init__(message, state=state)
-        self.reason = reason
-        self.run_id = run_id
+        self.reason, self.run_id = reason, run_id
 
 
 class RecordStateError(StateError):
@@ -301,9 +298,7 @@ class QueueFullError(StateError):
 
     def __init__(self, message: str, *, queue: str, limit: int, waiting: int | None = None) -> None:
         super().__init__(message, state=None)
-        self.queue = queue
-        self.limit = limit
-        self.waiting = waiting
+        self.queue, self.limit, self.waiting = queue, limit, waiting
 
 
 class JobQueueFullError(QueueFullError):
@@ -338,8 +333,7 @@ class CommandKeyError(StateError):
         self, message: str, *, request_id: str, update_id: str | None = None, state: str | None = None
     ) -> None:
         super().__init__(message, state=state)
-        self.request_id = request_id
-        self.update_id = update_id
+        self.request_id, self.update_id = request_id, update_id
 
 
 class RequestIdConflictError(CommandKeyError):
@@ -451,6 +445,17 @@ class WorkerLockedError(OwnershipError):
         self.lock_path = lock_path
 
 
+class JobLockedError(OwnershipError):
+    """Another job runner on this machine holds the file lock of the job's scope (worker contract §3):
+    this one claimed nothing and wrote nothing.  ``lock_path`` is the scope's lock file."""
+
+    code: ClassVar[str] = "job_locked"
+
+    def __init__(self, message: str, *, scope: str, lock_path: str) -> None:
+        super().__init__(message)
+        self.scope, self.lock_path = scope, lock_path
+
+
 class LeaseHeldError(OwnershipError):
     """The queue's lease is held by a live owner, as far as this claimant's
     monotonic clock can tell (worker contract §3).  ``holder`` names it."""
@@ -459,9 +464,7 @@ class LeaseHeldError(OwnershipError):
 
     def __init__(self, message: str, *, queue: str, holder: str | None, token: int) -> None:
         super().__init__(message)
-        self.queue = queue
-        self.holder = holder
-        self.token = token
+        self.queue, self.holder, self.token = queue, holder, token
 
 
 class FencedError(OwnershipError):
@@ -490,10 +493,7 @@ class JobFencedError(FencedError):
         self, message: str, *, job_id: str, fence: int, current_fence: int | None, state: str | None
     ) -> None:
         super().__init__(message, token=fence)
-        self.job_id = job_id
-        self.fence = fence
-        self.current_fence = current_fence
-        self.state = state
+        self.job_id, self.fence, self.current_fence, self.state = job_id, fence, current_fence, state
 
 
 # -- infrastructure -----------------------------------------------------------------------------------
@@ -570,8 +570,7 @@ class SchemaDriftError(SchemaRevisionError):
 
     def __init__(self, message: str, *, compared_with: str, differences: tuple[str, ...]) -> None:
         super().__init__(message, revision=None)
-        self.compared_with = compared_with
-        self.differences = tuple(differences)
+        self.compared_with, self.differences = compared_with, tuple(differences)
 
 
 class TargetError(AdmissionError):

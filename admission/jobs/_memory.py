@@ -247,5 +247,9 @@ class MemoryJobStore:
         rows.sort(key=lambda r: (r.state == "running", r.position))
         return [r.job_id for r in rows[:limit]]
 
+    def default_lock_dir(self) -> str | None:
+        """No lock files: the store lives in one process."""
+        return None
+
     def dispose(self) -> None:
         """Nothing to release."""

@@ -31,22 +31,47 @@ back or a publication raises) has the failure recorded on the job
 (``JobService.publication_failed``) before the exception goes on to the
 caller; the job stays ``running`` and the next claim recovers it, a bounded
 number of times.
+
+**One runner per scope on a machine** (contract §3).  Each ``run`` and
+``run_next`` holds a non-blocking OS file lock on the job's scope
+(``<lock_dir>/<sha256(scope)[:32]>.lock``, :class:`~admission._files.FileLock`)
+for its whole claim-step-publish-acknowledge cycle; a second runner on the
+same machine is refused at once (:class:`~admission.errors.JobLockedError`)
+before it claims or writes anything, for as long as the first process lives,
+however long it stalls.  The OS drops the lock when the process dies.  The
+lock does not shorten a takeover: the next runner still watches the dead
+owner's lease for a whole lease before reclaiming, because a job may also
+be claimed through :class:`~admission.jobs.JobService` directly, without the
+lock; the lock proves that no *runner* of this machine lives, not that no
+owner does.  Across machines (PostgreSQL) the lease and the fence decide.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal, Protocol
 
 from admission import telemetry
-from admission.errors import AdmissionError, InvalidJobError, JobFencedError, RetryableJobError
+from admission._files import FileLock
+from admission.errors import (
+    AdmissionError,
+    InputError,
+    InvalidJobError,
+    JobFencedError,
+    JobLockedError,
+    OwnershipError,
+    RetryableJobError,
+)
 from admission.intent._encoding import Value
 from admission.jobs._service import JobService
-from admission.jobs._values import JobLease, JobView, Publisher, bounded_diagnostic
+from admission.jobs._values import MAX_ID_LENGTH, JobLease, JobView, Publisher, bounded_diagnostic, check_text
 
 __all__ = ["Continue", "Finish", "JobRunner", "RunReport", "StepHandler"]
 
@@ -99,6 +124,22 @@ class _Renewal:
         self.stop = threading.Event()
 
 
+def _lock_name(scope: str) -> str:
+    """The name of ``scope``'s lock file: a digest, so that any scope makes a short, safe file name."""
+    return f"{hashlib.sha256(scope.encode('utf-8', 'surrogatepass')).hexdigest()[:32]}.lock"
+
+
+def _lock_directory(lock_dir: str | os.PathLike[str]) -> Path:
+    """``lock_dir``, made (mode 0700) if it is missing; one that cannot be made is refused."""
+    directory = Path(lock_dir)
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        # Nothing was written: a file in the way, a parent that cannot be written.
+        raise InputError(f"lock_dir: cannot make {directory}: {exc.strerror}", field="lock_dir") from exc
+    return directory
+
+
 class JobRunner:
     """Claims and runs jobs of a :class:`~admission.jobs.JobService`, publishing through a ``Publisher``.
 
@@ -106,6 +147,13 @@ class JobRunner:
     (``"auto"``, the default: a third of the service's ``lease_seconds``;
     ``None``: renew only at checkpoints, so every step must end within the
     lease).
+
+    ``lock_dir``: where the scopes' lock files live (made, mode 0700, if
+    missing; default: the store's :meth:`~admission.jobs.JobStore.default_lock_dir`,
+    ``<file>.job-locks`` beside a SQLite database, none on PostgreSQL).
+    ``file_lock``: ``None`` (the default) locks when there is a directory,
+    ``False`` never locks, ``True`` requires a directory
+    (:class:`~admission.errors.InvalidJobError` naming ``lock_dir`` without one).
     """
 
     def __init__(
@@ -116,6 +164,8 @@ class JobRunner:
         *,
         fault: Fault | None = None,
         heartbeat_every: float | Literal["auto"] | None = "auto",
+        lock_dir: str | os.PathLike[str] | None = None,
+        file_lock: bool | None = None,
     ) -> None:
         self.service = service
         self.publisher = publisher
@@ -134,6 +184,43 @@ class JobRunner:
                 field="heartbeat_every",
             )
         self.heartbeat_every: float | None = heartbeat_every
+        if lock_dir is None and file_lock is not False:
+            lock_dir = service.store.default_lock_dir()
+            if lock_dir is None and file_lock:
+                raise InvalidJobError("a file lock needs a lock_dir on this store", field="lock_dir")
+        self.lock_dir = None if lock_dir is None or file_lock is False else _lock_directory(lock_dir)
+
+    @contextmanager
+    def _holding(self, scope: str | None) -> Iterator[None]:
+        """Hold the lock file of ``scope`` for the block, or raise JobLockedError at once."""
+        if self.lock_dir is None or scope is None:
+            yield
+            return
+        name: str = scope
+
+        def refusal(path: Path) -> OwnershipError:
+            # The lock file, not the scope or the payload: the scope is the error's data.
+            return JobLockedError(
+                f"another job runner on this machine holds {path}, the lock of the job's scope; "
+                "one runner per scope runs at a time: nothing was claimed",
+                scope=name,
+                lock_path=str(path),
+            )
+
+        lock = FileLock(self.lock_dir / _lock_name(scope), refusal=refusal)
+        lock.acquire()
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def _scope_of(self, job_id: str) -> str | None:
+        """The job's scope, read before claiming, to lock it; ``None`` without a lock to take."""
+        if self.lock_dir is None:
+            return None
+        # The answers a claim gives without a lock: a malformed id, then an unknown job.
+        check_text(job_id, "job_id", MAX_ID_LENGTH, None)
+        return self.service.status(job_id).scope
 
     @contextmanager
     def _renewing(self, lease: JobLease, deadline: float) -> Iterator[_Renewal]:
@@ -200,19 +287,29 @@ class JobRunner:
         )
 
     def run(self, job_id: str) -> RunReport:
-        """Claim ``job_id`` and take it as far as it goes; a final job is acknowledged, nothing runs."""
-        claim = self.service.claim(job_id)
-        if claim.lease is None:
-            outcome = "final" if claim.outcome == "final" else "not_claimable"
-            return RunReport(job_id, outcome, claim.state, claim.reason)
-        return self._own(claim.lease)
+        """Claim ``job_id`` and take it as far as it goes; a final job is acknowledged, nothing runs.
+
+        Raises :class:`~admission.errors.JobLockedError` when another runner on
+        this machine holds the job's scope (nothing claimed, nothing written).
+        """
+        with self._holding(self._scope_of(job_id)):
+            claim = self.service.claim(job_id)
+            if claim.lease is None:
+                outcome = "final" if claim.outcome == "final" else "not_claimable"
+                return RunReport(job_id, outcome, claim.state, claim.reason)
+            return self._own(claim.lease)
 
     def run_next(self, scope: str) -> RunReport | None:
-        """Claim and run the oldest claimable job of ``scope``; ``None`` when there is none."""
-        claim = self.service.claim_next(scope)
-        if claim is None or claim.lease is None:
-            return None
-        return self._own(claim.lease)
+        """Claim and run the oldest claimable job of ``scope``; ``None`` when there is none.
+
+        Raises :class:`~admission.errors.JobLockedError` when another runner on
+        this machine holds ``scope`` (nothing claimed, nothing written).
+        """
+        with self._holding(scope):
+            claim = self.service.claim_next(scope)
+            if claim is None or claim.lease is None:
+                return None
+            return self._own(claim.lease)
 
     def _own(self, lease: JobLease) -> RunReport:
         try:
@@ -221,7 +318,14 @@ class JobRunner:
             return self._execute(lease)
         except JobFencedError as exc:
             # Another owner took over: this one stops without touching anything else.
-            return RunReport(lease.job_id, "fenced", exc.state or "unknown", "fenced")
+            return RunReport(lease.job_id, "fenced", exc.state or self._state_now(lease.job_id), "fenced")
+
+    def _state_now(self, job_id: str) -> str:
+        """The job's state as stored: a refusal by the target (a late publication) carries none."""
+        try:
+            return self.service.status(job_id).state
+        except AdmissionError:
+            return "unknown"  # the database cannot say right now; the report must not hide the fencing
 
     def _report(self, view: JobView, steps: list[int], published: bool) -> RunReport:
         return RunReport(view.job_id, view.state, view.state, view.reason, tuple(steps), published)

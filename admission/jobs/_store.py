@@ -253,6 +253,12 @@ class JobStore(Protocol):
         queue order (a scan full of live leases must not hide a waiting job)."""
         ...
 
+    def default_lock_dir(self) -> str | None:
+        """Where runners on this machine keep the lock files of the scopes they run, by default
+        (``JobRunner``); ``None`` when the store suggests none (runners may be on several machines,
+        or the store lives in one process)."""
+        ...
+
     def dispose(self) -> None:
         """Release what the store holds (connections); the store is not used afterwards."""
         ...

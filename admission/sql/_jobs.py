@@ -42,6 +42,7 @@ from admission.sql._engine import (
     as_utc,
     create_admission_engine,
     insert_or_ignore,
+    is_postgresql,
     wrap_exceptions,
 )
 from admission.sql._revisions import check_revision
@@ -363,6 +364,15 @@ class SqlJobStore:
     def dispose(self) -> None:
         """Close the engine's pooled connections."""
         self.engine.dispose()
+
+    def default_lock_dir(self) -> str | None:
+        """``<file>.job-locks`` beside a SQLite database file: every runner of an embedded database
+        is on this machine.  None on PostgreSQL, whose runners may be on several machines (there
+        the lease and the fence decide), and none for a database in memory."""
+        database = self.engine.url.database
+        if is_postgresql(self.engine.dialect) or not database or database == ":memory:":
+            return None
+        return f"{database}.job-locks"
 
     def _translate(self) -> AbstractContextManager[None]:
         return wrap_exceptions(self.engine.dialect)

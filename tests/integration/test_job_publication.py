@@ -66,12 +66,15 @@ def test_an_owner_paused_before_publishing_is_refused_after_the_next_owner_repla
         # The first owner has recorded its result and passed its deadline check;
         # here it stalls (a pause, a slow network) long enough to lose the lease.
         expire(later, later_clock, "j1")
-        reports.append(JobRunner(later, target, {"count": Counting()}).run("j1"))
+        reports.append(JobRunner(later, target, {"count": Counting()}, file_lock=False).run("j1"))
 
     hooked = _Hooked(target, before_publish=the_next_owner_takes_over)
-    stalled = JobRunner(first, hooked, {"count": Counting()})
+    # Two owners as on two machines: no file lock (on one machine it would refuse the
+    # second while the first lives), so only the target's fence stops the late publication.
+    stalled = JobRunner(first, hooked, {"count": Counting()}, file_lock=False)
     report = stalled.run("j1")
-    assert report.outcome == "fenced"  # the target refused the late publication
+    # The target refused the late publication; the report says what the job is now, not "unknown".
+    assert (report.outcome, report.reason, report.state) == ("fenced", "fenced", "completed")
     [replayed] = reports
     assert (replayed.state, replayed.reason, replayed.published) == ("completed", "published_on_replay", True)
     [only] = target.read_published("j1")
@@ -148,3 +151,28 @@ def test_a_target_refuses_exactly_the_calls_older_than_the_newest_token_it_has_s
                     newest[job_id] = max(newest.get(job_id, fence), fence)
         for job_id in ("a", "b"):
             assert list(target.read_published(job_id)) == [p for p in accepted if p.job_id == job_id]
+
+
+def test_a_refused_late_publication_reports_the_state_the_job_is_in_now(
+    two_owners: tuple[JobService, JobService, ManualClock], tmp_path: Path
+) -> None:
+    first, later, later_clock = two_owners
+    target = LocalPublisher(tmp_path / "target.sqlite3")
+    first.enqueue(Job("j1", "tenant-a", "count", {"steps": 3}))
+    leases = []
+
+    def the_next_owner_reads_the_target() -> None:
+        # The next owner reclaims and makes its fenced recovery read, and is still at it.
+        expire(later, later_clock, "j1")
+        lease = later.claim("j1").lease
+        assert lease is not None
+        assert target.read_published("j1", fence=lease.fence) == []
+        leases.append(lease)
+
+    hooked = _Hooked(target, before_publish=the_next_owner_reads_the_target)
+    report = JobRunner(first, hooked, {"count": Counting()}, file_lock=False).run("j1")
+    [lease] = leases
+    assert (report.outcome, report.state, report.reason) == ("fenced", "running", "fenced")
+    view = later.status("j1")
+    assert (view.state, view.fence) == ("running", lease.fence)
+    assert target.read_published("j1") == []

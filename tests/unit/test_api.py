@@ -33,6 +33,7 @@ def test_public_api_is_pinned() -> None:
             "InvalidRequestIdError",
             "InvalidValueError",
             "JobFencedError",
+            "JobLockedError",
             "JobQueueFullError",
             "JobStateError",
             "LeaseHeldError",

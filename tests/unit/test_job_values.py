@@ -12,6 +12,7 @@ from admission import _bounds as bounds
 from admission.errors import (
     InvalidJobError,
     JobFencedError,
+    JobLockedError,
     JobQueueFullError,
     JobStateError,
     RetryableJobError,
@@ -62,6 +63,7 @@ def test_the_truncation_marker_counts_the_bytes_cut(text: str) -> None:
 def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
     errors = [
         JobFencedError("m", job_id="j", fence=1, current_fence=2, state="running"),
+        JobLockedError("m", scope="s", lock_path="/run/locks/0123.lock"),
         JobQueueFullError("m", scope="s", waiting=128, limit=128),
         JobStateError("m", job_id="j", state="completed", event="claim"),
         UnknownJobError("m", job_id="j"),
@@ -71,6 +73,7 @@ def test_job_errors_have_stable_codes_and_pickle_with_their_data() -> None:
     codes = [e.code for e in errors]
     assert codes == [
         "job_fenced",
+        "job_locked",
         "job_queue_full",
         "job_state",
         "job_unknown",
