@@ -57,6 +57,7 @@ from admission.jobs._backoff import DEFAULT_BACKOFF, Backoff
 from admission.jobs._claims import LeaseWatch, restart_refusal, start_attempt
 from admission.jobs._enqueue import enqueue_batch
 from admission.jobs._lifecycle import end_attempt, fenced, record_event, transition
+from admission.jobs._snapshot import SnapshotMethods
 from admission.jobs._states import (
     FINAL_JOB_STATES,
     WAITING_JOB_STATES,
@@ -113,7 +114,7 @@ def _refused(job_id: str, event: str, why: str) -> JobStateError:
     return JobStateError(f"job {job_id!r} {why}", job_id=job_id, state="running", event=event)
 
 
-class JobService:
+class JobService(SnapshotMethods):
     """Durable jobs on a :class:`~admission.jobs._store.JobStore`.
 
     ``clock`` is the monotonic clock liveness is judged on, ``now`` the
@@ -507,3 +508,4 @@ class JobService:
         if scope is not None and not _storable(scope, MAX_SCOPE_LENGTH):
             return {}
         return self.store.counts(scope)
+
