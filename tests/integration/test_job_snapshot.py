@@ -247,7 +247,7 @@ def test_snapshots_taken_while_a_process_checkpoints_hold_together(db_url: str, 
 
 @pytest.mark.extra
 def test_many_snapshots_taken_while_a_process_checkpoints_hold_together(db_url: str, tmp_path: Path) -> None:
-    _concurrent_exports(db_url, tmp_path, wanted=200)
+    _concurrent_exports(db_url, tmp_path, wanted=100)
 
 
 # -- a crash mid-export, and readers ----------------------------------------------------------------------
