@@ -508,4 +508,3 @@ class JobService(SnapshotMethods):
         if scope is not None and not _storable(scope, MAX_SCOPE_LENGTH):
             return {}
         return self.store.counts(scope)
-
