@@ -150,10 +150,11 @@ def test_a_path_that_cannot_be_a_file_is_refused_naming_the_field_and_nothing_is
 
 _OPERATIONS = st.lists(
     st.tuples(
-        st.sampled_from(["enqueue", "claim", "checkpoint", "fail", "finish", "pause", "cancel"]),
-        st.integers(0, 5),
+        st.sampled_from(["enqueue", "claim", "checkpoint", "checkpoint", "fail", "finish", "pause", "cancel"])
+        | st.just("claim"),
+        st.integers(0, 7),
     ),
-    max_size=30,
+    max_size=40,
 )
 
 
@@ -164,27 +165,33 @@ def test_after_any_history_the_snapshot_agrees_with_the_reads_of_each_job(
 ) -> None:
     jobs = jobs_on(MemoryJobStore())
     leases: dict[str, Any] = {}
+    made = 0
     for operation, n in operations:
-        job_id, scope = f"j{n}", f"s{n % 2}"
-        ids = {j["job_id"] for j in jobs.snapshot()["jobs"]}
-        if operation == "enqueue":
-            after = ("j0",) if n and "j0" in ids else ()  # a dependency: blocked, then unblocked or failed
-            jobs.enqueue(Job(job_id, scope, "count", {"steps": 3}, depends_on=after))
-        elif job_id not in ids:
+        snapshot = jobs.snapshot()
+        agrees_with_reads(jobs, snapshot)  # after every step of the history, not only the last
+        ids = sorted(j["job_id"] for j in snapshot["jobs"])
+        if operation == "enqueue" or not ids:
+            made += 1
+            after = (ids[n % len(ids)],) if ids and n % 3 == 0 else ()  # blocked, then unblocked or failed
+            jobs.enqueue(Job(f"j{made}", f"s{n % 3}", "count", {"steps": 3}, depends_on=after))
             continue
-        elif operation == "claim" and not any(j["state"] == "running" for j in jobs.snapshot(scope)["jobs"]):
-            answer = jobs.claim(job_id)
-            if answer.lease is not None:
+        job_id = ids[n % len(ids)]
+        view = jobs.status(job_id)
+        if operation == "claim":
+            busy = any(j["state"] == "running" for j in jobs.snapshot(view.scope)["jobs"])
+            answer = None if busy else jobs.claim(job_id)
+            if answer is not None and answer.lease is not None:
                 leases[job_id] = answer.lease
-        elif operation in ("checkpoint", "fail", "finish") and job_id in leases:
+        elif operation in ("checkpoint", "fail", "finish") and leases:
+            job_id = sorted(leases)[n % len(leases)]
             lease = leases.pop(job_id)
             if jobs.status(job_id).state != "running":
                 continue
             if operation == "checkpoint":
-                jobs.checkpoint(lease, jobs.status(job_id).checkpoint_step + 1, n)
+                jobs.checkpoint(lease, jobs.status(job_id).checkpoint_step + 1, [n, b"\x00"])
                 leases[job_id] = lease
             elif operation == "fail":
-                jobs.fail(lease, "because", retryable=True)
+                jobs.fail(lease, f"attempt failed: {n}", retryable=n % 2 == 0)
             else:
                 jobs.record_result(lease, n)
                 jobs.complete(lease)

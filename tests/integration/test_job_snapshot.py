@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 from admission.jobs import Job, JobLease
 from admission.sql import SqlJobStore
 from admission.sql._job_snapshot import assemble, read_all
+from tests.support.backends import SQL_BACKENDS
 from tests.support.jobkit import ManualClock, open_jobs
 from tests.support.jobsnapshot import (
     SECRET,
@@ -37,6 +38,10 @@ from tests.support.jobsnapshot import (
 from tests.support.processes import WAIT, admission_cli, running
 
 CTX = multiprocessing.get_context("spawn")
+
+FILE_BACKENDS = [pytest.param(b, marks=[pytest.mark.extra] if b != "sqlite" else []) for b in SQL_BACKENDS]
+"""For what is about the file, not the database (a crash mid-export, readers, refused paths): SQLite
+in the default run, PostgreSQL in the extra set."""
 
 
 def test_the_exported_file_holds_every_field_of_every_job_and_checkpoint_as_the_tables_do(
@@ -92,6 +97,17 @@ def test_jobs_status_export_writes_the_file_and_prints_a_one_line_summary(
             "counts": document["counts"],
         }
         assert compare_with_tables(jobs.store.engine, document, scope) > 0
+    jobs.dispose()
+
+
+@pytest.mark.parametrize("sql_backend", FILE_BACKENDS)
+def test_jobs_status_export_refuses_a_bad_path_or_scope_in_one_line_and_writes_nothing(
+    db_url: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    path = out / "jobs-snapshot.json"
+    path.write_text("the previous snapshot")
     before = path.read_bytes()
     refusals = [
         (("--export", str(out / "missing" / "s.json")), "--export: the folder"),
@@ -104,7 +120,6 @@ def test_jobs_status_export_writes_the_file_and_prints_a_one_line_summary(
         assert len(refused.stderr.splitlines()) == 1
     assert path.read_bytes() == before
     assert [p.name for p in out.iterdir()] == [path.name]  # no temporary file left
-    jobs.dispose()
 
 
 # -- one instant ---------------------------------------------------------------------------------------
@@ -289,6 +304,7 @@ def _export_and_die(url: str, path: str, where: str) -> None:
     jobs.export_snapshot(path)
 
 
+@pytest.mark.parametrize("sql_backend", FILE_BACKENDS)
 @pytest.mark.parametrize("where", ["writing", "fsync", "replace", "directory_fsync"])
 def test_an_export_killed_midway_leaves_the_previous_file_whole(
     db_url: str, tmp_path: Path, where: str
@@ -343,6 +359,7 @@ def _reader(path: str, ready: Any, stop: Any, versions: Any, results: Any) -> No
     results.put((reads, bad, len(seen)))
 
 
+@pytest.mark.parametrize("sql_backend", FILE_BACKENDS)
 def test_a_reader_that_rereads_the_file_during_exports_never_sees_a_partial_one(
     db_url: str, tmp_path: Path
 ) -> None:
