@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 from admission.jobs import Job, JobLease
 from admission.sql import SqlJobStore
 from admission.sql._job_snapshot import assemble, read_all
+from tests.conftest import SUMMARY_LINES
 from tests.support.backends import SQL_BACKENDS
 from tests.support.jobkit import ManualClock, open_jobs
 from tests.support.jobsnapshot import (
@@ -63,6 +64,9 @@ def test_the_exported_file_holds_every_field_of_every_job_and_checkpoint_as_the_
     compared = compare_with_tables(engine, document, None)
     # 20 fields of each of the 10 jobs, 8 of the latest attempt of the 6 claimed, 6 of each of 6 checkpoints.
     assert compared == 10 * 20 + 6 * 8 + 6 * 6
+    SUMMARY_LINES.append(
+        f"jobs snapshot vs tables ({engine.dialect.name}): 10 jobs, 6 checkpoints, {compared} fields equal"
+    )
     assert SECRET not in text  # no payload, no recorded result
     # One scope: only its jobs, in queue order, and its counts.
     beta = jobs.export_snapshot(path, scope="beta")
@@ -253,6 +257,10 @@ def _concurrent_exports(db_url: str, tmp_path: Path, wanted: int) -> tuple[int, 
     assert results.get(timeout=WAIT) > 0
     jobs.dispose()
     assert len(seen) >= wanted, (len(seen), exports)
+    SUMMARY_LINES.append(
+        f"jobs snapshot under a checkpointing writer ({db_url.partition(':')[0]}): {exports} exports, "
+        f"{len(seen)} distinct states, every one whole at one instant"
+    )
     return exports, len(seen)
 
 
