@@ -26,7 +26,7 @@ from admission.jobs._states import (
     judge_publication,
 )
 from admission.jobs._store import (
-    AttemptRecord,
+    AttemptRow,
     CheckpointDigest,
     JobRow,
     JobsSnapshot,
@@ -69,7 +69,7 @@ __all__ = [
     "NO_BACKOFF",
     "UNFINISHED_JOB_STATES",
     "WAITING_JOB_STATES",
-    "AttemptRecord",
+    "AttemptRow",
     "Backoff",
     "Checkpoint",
     "CheckpointDigest",

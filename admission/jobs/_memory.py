@@ -24,7 +24,7 @@ from admission.errors import StorageError
 from admission.intent._encoding import canonical_decode
 from admission.jobs._states import UNFINISHED_JOB_STATES
 from admission.jobs._store import (
-    AttemptRecord,
+    AttemptRow,
     CheckpointDigest,
     JobRow,
     JobsSnapshot,
@@ -225,7 +225,7 @@ def _snapshot_job(row: JobRow, t: _Tables, attempt: _Attempt | None) -> Snapshot
             CheckpointDigest.of(row.job_id, c.step, c.attempt_id, c.fence, c.state, c.recorded_at)
             for c in t.checkpoints.get(row.job_id, ())
         ),
-        last_attempt=None if attempt is None else AttemptRecord(**vars(attempt)),
+        last_attempt=None if attempt is None else AttemptRow(**vars(attempt)),
     )
 
 

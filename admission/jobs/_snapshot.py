@@ -25,7 +25,7 @@ from typing import Final
 
 from admission._files import write_json_atomically
 from admission.errors import InputError, StorageError
-from admission.jobs._store import AttemptRecord, CheckpointDigest, JobsSnapshot, JobStore, SnapshotJob
+from admission.jobs._store import AttemptRow, CheckpointDigest, JobsSnapshot, JobStore, SnapshotJob
 from admission.jobs._values import MAX_SCOPE_LENGTH, check_text
 
 __all__ = ["SNAPSHOT_FORMAT", "SnapshotMethods", "check_export_path", "document", "export", "take"]
@@ -49,7 +49,7 @@ def _checkpoint(digest: CheckpointDigest) -> dict[str, object]:
     }
 
 
-def _attempt(attempt: AttemptRecord | None) -> dict[str, object] | None:
+def _attempt(attempt: AttemptRow | None) -> dict[str, object] | None:
     if attempt is None:
         return None
     return {

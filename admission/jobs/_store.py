@@ -45,7 +45,7 @@ from typing import ClassVar, Protocol
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 
 __all__ = [
-    "AttemptRecord",
+    "AttemptRow",
     "CheckpointDigest",
     "JobRow",
     "JobStore",
@@ -119,6 +119,26 @@ class JobRow:
 
 
 @dataclass(frozen=True)
+class AttemptRow:
+    """One attempt as stored: what ``worker_job_attempts`` holds for it.
+
+    ``number`` counts the job's attempts from 1; ``outcome`` and ``diagnostic``
+    are set when the attempt ended (``ended_at``), by its owner or by the
+    claim that took the job after its lease expired (``lease_expired``).
+    """
+
+    attempt_id: str
+    job_id: str
+    number: int
+    fence: int
+    owner: str
+    started_at: datetime
+    ended_at: datetime | None = None
+    outcome: str | None = None
+    diagnostic: str | None = None
+
+
+@dataclass(frozen=True)
 class CheckpointDigest:
     """A stored checkpoint as a snapshot shows it: its size and digest, not its state.
 
@@ -142,21 +162,6 @@ class CheckpointDigest:
         """The digest of a checkpoint whose canonical state is ``state``."""
         digest = hashlib.sha256(state).hexdigest()
         return cls(job_id, step, attempt_id, fence, recorded_at, len(state), digest)
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One row of ``worker_job_attempts``: a claim of a job, and how it ended (``None`` while it runs)."""
-
-    attempt_id: str
-    job_id: str
-    number: int
-    fence: int
-    owner: str
-    started_at: datetime
-    ended_at: datetime | None
-    outcome: str | None
-    diagnostic: str | None
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ class SnapshotJob:
     not_before: datetime | None
     depends_on: tuple[str, ...]
     checkpoints: tuple[CheckpointDigest, ...]
-    last_attempt: AttemptRecord | None
+    last_attempt: AttemptRow | None
 
 
 @dataclass(frozen=True)

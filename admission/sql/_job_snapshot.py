@@ -35,7 +35,7 @@ from sqlalchemy import Engine, Select, bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from admission.jobs._store import (
-    AttemptRecord,
+    AttemptRow,
     CheckpointDigest,
     JobsSnapshot,
     SnapshotJob,
@@ -101,7 +101,7 @@ class SnapshotReads:
     jobs: list[Mapping[str, Any]]
     depends_on: dict[str, list[str]]
     checkpoints: dict[str, list[CheckpointDigest]]
-    attempts: dict[str, AttemptRecord]
+    attempts: dict[str, AttemptRow]
     counts: dict[str, int]
 
 
@@ -137,10 +137,10 @@ def read_checkpoints(conn: Connection, scope: str | None) -> dict[str, list[Chec
     return found
 
 
-def read_attempts(conn: Connection, scope: str | None) -> dict[str, AttemptRecord]:
+def read_attempts(conn: Connection, scope: str | None) -> dict[str, AttemptRow]:
     """Each job's latest attempt (the one with the highest number)."""
     return {
-        str(r["job_id"]): AttemptRecord(
+        str(r["job_id"]): AttemptRow(
             attempt_id=str(r["attempt_id"]),
             job_id=str(r["job_id"]),
             number=int(r["number"]),
