@@ -156,6 +156,8 @@ class AsyncJobService:
     events = awaiting(JobService.events)
     checkpoints = awaiting(JobService.checkpoints)
     counts = awaiting(JobService.counts)
+    # export_snapshot is left out: its fsyncs would hold the event loop.
+    snapshot = awaiting(JobService.snapshot)
     dispose = awaiting(JobService.dispose)
 
 

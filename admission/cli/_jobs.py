@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 from typing import TYPE_CHECKING
 
-from admission.cli._common import EXIT_OK, Commands, db_url, engine_options, print_json
+from admission.cli._common import EXIT_OK, Commands, UsageError, db_url, engine_options, print_json
 
 if TYPE_CHECKING:
     from admission.jobs import JobService
@@ -22,7 +23,38 @@ def _jobs(args: argparse.Namespace) -> JobService:
     return JobService(SqlJobStore.open(db_url(args), **engine_options(args)))
 
 
+def _export(args: argparse.Namespace) -> int:
+    # Checked before the database is opened: a path where no file can be made,
+    # or a scope no job can have, is refused with nothing read or written.
+    from admission.errors import InputError
+    from admission.jobs._snapshot import check_export_path
+
+    if args.job_id is not None or args.events:
+        raise UsageError("--export", "exports every job of a scope; give no JOB_ID and no --events")
+    try:
+        check_export_path(args.export)
+    except InputError as exc:
+        raise UsageError("--export", str(exc).removeprefix("path: ")) from None
+    store = _jobs(args)
+    try:
+        try:
+            written = store.export_snapshot(args.export, args.scope)
+        except InputError as exc:
+            if exc.field != "path":
+                raise
+            raise UsageError("--export", str(exc).removeprefix("path: ")) from None
+    finally:
+        store.dispose()
+    jobs = written["jobs"]
+    assert isinstance(jobs, list)
+    summary = {"path": args.export, "scope": args.scope, "jobs": len(jobs), "counts": written["counts"]}
+    print(json.dumps(summary, ensure_ascii=False))
+    return EXIT_OK
+
+
 def _cmd_jobs_status(args: argparse.Namespace) -> int:
+    if args.export is not None:
+        return _export(args)
     store = _jobs(args)
     try:
         if args.job_id is None:
@@ -62,10 +94,17 @@ def add_parser(commands: Commands) -> None:
     """Add ``jobs status``, ``pause``, ``resume``, ``stop``, ``cancel`` and ``resolve``."""
     jobs = commands.add_parser("jobs", help="durable jobs: status, pause/resume/stop/cancel, resolve")
     actions = jobs.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
-    status = actions.add_parser("status", help="a job as JSON, or the job counts by state")
+    status = actions.add_parser(
+        "status", help="a job as JSON, the job counts by state, or (--export) a snapshot of every job"
+    )
     status.add_argument("job_id", nargs="?", metavar="JOB_ID")
-    status.add_argument("--scope", help="count only this scope's jobs (without JOB_ID)")
+    status.add_argument("--scope", help="count (or export) only this scope's jobs (without JOB_ID)")
     status.add_argument("--events", action="store_true", help="include the job's events")
+    status.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write every job (of --scope) at one instant to FILE, atomically (docs/jobs.md, Snapshot)",
+    )
     status.set_defaults(handler=_cmd_jobs_status)
     for name, text in (
         ("pause", "stop new claims of the job"),

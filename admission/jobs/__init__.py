@@ -3,7 +3,9 @@
 ``JobService`` runs the job lifecycle on any ``JobStore`` (the port):
 ``MemoryJobStore`` here, ``admission.sql.SqlJobStore`` on SQLite or
 PostgreSQL; ``JobRunner`` executes jobs step by step and publishes their
-results through a ``Publisher``; a retried job waits a ``Backoff`` first.
+results through a ``Publisher``; a retried job waits a ``Backoff`` first;
+``JobService.export_snapshot`` writes every job of a scope, read at one
+instant, to a JSON file atomically.
 """
 
 from admission.jobs._backoff import DEFAULT_BACKOFF, MAX_BACKOFF_SECONDS, NO_BACKOFF, Backoff
@@ -23,7 +25,15 @@ from admission.jobs._states import (
     job_diagram,
     judge_publication,
 )
-from admission.jobs._store import AttemptRow, JobRow, JobStore, JobTransaction
+from admission.jobs._store import (
+    AttemptRow,
+    CheckpointDigest,
+    JobRow,
+    JobsSnapshot,
+    JobStore,
+    JobTransaction,
+    SnapshotJob,
+)
 from admission.jobs._target import LocalPublisher
 from admission.jobs._values import (
     DEFAULT_LEASE_SECONDS,
@@ -62,6 +72,7 @@ __all__ = [
     "AttemptRow",
     "Backoff",
     "Checkpoint",
+    "CheckpointDigest",
     "ClaimResult",
     "Continue",
     "Control",
@@ -77,12 +88,14 @@ __all__ = [
     "JobStore",
     "JobTransaction",
     "JobView",
+    "JobsSnapshot",
     "LocalPublisher",
     "MemoryJobStore",
     "PublicationVerdict",
     "PublishedResult",
     "Publisher",
     "RunReport",
+    "SnapshotJob",
     "StepHandler",
     "bounded_diagnostic",
     "find_cycle",

@@ -23,7 +23,15 @@ from datetime import datetime
 from admission.errors import StorageError
 from admission.intent._encoding import canonical_decode
 from admission.jobs._states import UNFINISHED_JOB_STATES
-from admission.jobs._store import AttemptRow, JobRow, JobTransaction
+from admission.jobs._store import (
+    AttemptRow,
+    CheckpointDigest,
+    JobRow,
+    JobsSnapshot,
+    JobTransaction,
+    SnapshotJob,
+    snapshot_order,
+)
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 
 __all__ = ["MemoryJobStore"]
@@ -180,6 +188,37 @@ class _MemoryTransaction:
         self._t.events[event.job_id] = (*self._t.events.get(event.job_id, ()), stored)
 
 
+def _snapshot_job(row: JobRow, t: _Tables, attempt: AttemptRow | None) -> SnapshotJob:
+    return SnapshotJob(
+        job_id=row.job_id,
+        scope=row.scope,
+        position=row.position,
+        kind=row.kind,
+        state=row.state,
+        reason=row.reason,
+        max_attempts=row.max_attempts,
+        attempts=row.attempts,
+        fence=row.fence,
+        owner=row.owner,
+        attempt_id=row.attempt_id,
+        paused=row.paused,
+        cancel_requested=row.cancel_requested,
+        stop_requested=row.stop_requested,
+        checkpoint_step=row.checkpoint_step,
+        result_recorded=row.publish_result is not None,
+        diagnostic=row.diagnostic,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        not_before=row.not_before,
+        depends_on=t.depends_on.get(row.job_id, ()),
+        checkpoints=tuple(
+            CheckpointDigest.of(row.job_id, c.step, c.attempt_id, c.fence, c.state, c.recorded_at)
+            for c in t.checkpoints.get(row.job_id, ())
+        ),
+        last_attempt=attempt,
+    )
+
+
 class MemoryJobStore:
     """A complete in-memory job store: one lock, copy-on-begin transactions.
 
@@ -231,6 +270,20 @@ class MemoryJobStore:
                 if scope is None or row.scope == scope:
                     found[row.state] = found.get(row.state, 0) + 1
         return found
+
+    def snapshot(self, scope: str | None) -> JobsSnapshot:
+        """Every job of ``scope`` (or of all), read under the one lock: one instant."""
+        with self._lock:
+            t = self._tables
+            rows = [r for r in t.jobs.values() if scope is None or r.scope == scope]
+            latest: dict[str, AttemptRow] = {}
+            for attempt in t.attempts.values():
+                held = latest.get(attempt.job_id)
+                if held is None or attempt.number > held.number:
+                    latest[attempt.job_id] = attempt
+            jobs = [_snapshot_job(r, t, latest.get(r.job_id)) for r in rows]
+            counts = self.counts(scope)
+        return JobsSnapshot(scope, tuple(sorted(jobs, key=snapshot_order)), counts)
 
     def claim_candidates(self, scope: str, limit: int, *, now: datetime) -> list[str]:
         """Unpaused claimable jobs of ``scope`` not in backoff at ``now``: waiting ones first,

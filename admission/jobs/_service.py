@@ -65,6 +65,7 @@ from admission.jobs._lifecycle import (
     refused_write,
     transition,
 )
+from admission.jobs._snapshot import SnapshotMethods
 from admission.jobs._states import (
     FINAL_JOB_STATES,
     WAITING_JOB_STATES,
@@ -115,7 +116,7 @@ def _retry_time(row: JobRow, now: datetime, backoff: Backoff, draw: float) -> da
     return now + timedelta(seconds=policy.delay(row.attempts, draw))
 
 
-class JobService:
+class JobService(SnapshotMethods):
     """Durable jobs on a :class:`~admission.jobs._store.JobStore`.
 
     ``clock`` is the monotonic clock liveness is judged on, ``now`` the

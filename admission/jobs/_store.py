@@ -25,13 +25,18 @@ What an implementation must guarantee:
   the job only while it is ``running`` under the caller's fence, so a reclaim
   cannot interleave between a check and a write.
 * **Atomicity.**  An exception inside the transaction leaves nothing of it.
+* **One instant.**  :meth:`JobStore.snapshot` reads every table it shows in
+  one read transaction (PostgreSQL: ``REPEATABLE READ``, read-only; SQLite: one
+  deferred transaction, whose WAL snapshot spans all its reads; memory: under
+  the one lock), so what it returns held together at one moment (contract §6).
 
 Pure: no SQLAlchemy, no clock (times are passed in).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import hashlib
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -39,7 +44,15 @@ from typing import ClassVar, Protocol
 
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 
-__all__ = ["AttemptRow", "JobRow", "JobStore", "JobTransaction"]
+__all__ = [
+    "AttemptRow",
+    "CheckpointDigest",
+    "JobRow",
+    "JobStore",
+    "JobTransaction",
+    "JobsSnapshot",
+    "SnapshotJob",
+]
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,83 @@ class AttemptRow:
     ended_at: datetime | None = None
     outcome: str | None = None
     diagnostic: str | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointDigest:
+    """A stored checkpoint as a snapshot shows it: its size and digest, not its state.
+
+    ``size`` is the length of the canonical bytes of the state, ``sha256`` their
+    SHA-256 in hex: a reader can tell two checkpoints apart, or check a copy of one,
+    without the state itself (up to 64 KiB, and not always JSON-representable).
+    """
+
+    job_id: str
+    step: int
+    attempt_id: str
+    fence: int
+    recorded_at: datetime
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(
+        cls, job_id: str, step: int, attempt_id: str, fence: int, state: bytes, recorded_at: datetime
+    ) -> CheckpointDigest:
+        """The digest of a checkpoint whose canonical state is ``state``."""
+        digest = hashlib.sha256(state).hexdigest()
+        return cls(job_id, step, attempt_id, fence, recorded_at, len(state), digest)
+
+
+@dataclass(frozen=True)
+class SnapshotJob:
+    """A job as a snapshot shows it: its row without the payload, the content and the recorded
+    result (``result_recorded`` says whether there is one), with its dependencies, the digests
+    of its checkpoints (by step) and its latest attempt (``None`` before the first claim)."""
+
+    job_id: str
+    scope: str
+    position: int
+    kind: str
+    state: str
+    reason: str
+    max_attempts: int
+    attempts: int
+    fence: int
+    owner: str | None
+    attempt_id: str | None
+    paused: bool
+    cancel_requested: bool
+    stop_requested: bool
+    checkpoint_step: int
+    result_recorded: bool
+    diagnostic: str | None
+    created_at: datetime
+    updated_at: datetime
+    not_before: datetime | None
+    depends_on: tuple[str, ...]
+    checkpoints: tuple[CheckpointDigest, ...]
+    last_attempt: AttemptRow | None
+
+
+@dataclass(frozen=True)
+class JobsSnapshot:
+    """Every job of ``scope`` (of every scope when ``None``), read at one instant.
+
+    ``jobs`` are in scope order (by code point), then queue position.  ``counts``
+    is the number of jobs in each state, read by its own query in the same read
+    transaction: it equals the tally of ``jobs`` by state exactly when the reads
+    saw one state of the store, which is what the tests check.
+    """
+
+    scope: str | None
+    jobs: tuple[SnapshotJob, ...]
+    counts: Mapping[str, int]
+
+
+def snapshot_order(job: SnapshotJob) -> tuple[str, int]:
+    """The order of a snapshot's jobs: scope (code points, the same on every backend), then position."""
+    return (job.scope, job.position)
 
 
 class JobTransaction(Protocol):
@@ -245,6 +335,12 @@ class JobStore(Protocol):
 
     def counts(self, scope: str | None = None) -> dict[str, int]:
         """How many jobs are in each state (of one scope, or of all); states without jobs are absent."""
+        ...
+
+    def snapshot(self, scope: str | None) -> JobsSnapshot:
+        """Every job of ``scope`` (of all scopes when ``None``) with its dependencies, checkpoint
+        digests and latest attempt, and the counts by state, all read in ONE read transaction
+        (see "One instant" above); writes nothing and takes no lock a writer waits for."""
         ...
 
     def claim_candidates(self, scope: str, limit: int, *, now: datetime) -> list[str]:

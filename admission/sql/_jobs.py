@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection, RowMapping
 from admission.errors import StorageError
 from admission.intent._encoding import canonical_decode
 from admission.jobs._states import UNFINISHED_JOB_STATES
-from admission.jobs._store import AttemptRow, JobRow, JobTransaction
+from admission.jobs._store import AttemptRow, JobRow, JobsSnapshot, JobTransaction
 from admission.jobs._values import Checkpoint, JobEvent, JobView
 from admission.sql._engine import (
     DEFAULT_URL,
@@ -45,6 +45,7 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
+from admission.sql._job_snapshot import read_snapshot
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     worker_job_attempts,
@@ -437,6 +438,11 @@ class SqlJobStore:
         with self._read() as conn:
             rows = conn.execute(_COUNTS) if scope is None else conn.execute(_COUNTS_OF, {"b_scope": scope})
             return {str(state): int(n) for state, n in rows}
+
+    def snapshot(self, scope: str | None) -> JobsSnapshot:
+        """Every job of ``scope`` (or of all) in ONE read transaction: ``REPEATABLE READ`` and
+        read-only on PostgreSQL, one WAL read snapshot on SQLite (``admission/sql/_job_snapshot.py``)."""
+        return read_snapshot(self.engine, scope)
 
     def claim_candidates(self, scope: str, limit: int, *, now: datetime) -> list[str]:
         """Unpaused claimable jobs of ``scope`` not in backoff at ``now``: waiting ones first,

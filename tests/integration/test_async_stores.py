@@ -256,6 +256,9 @@ def test_the_worker_intake_relay_and_job_service_on_async_stores(db_url: str, tm
             won = [c for c in claims if c is not None and c.outcome == "claimed"]
             assert [c.job_id for c in won] == ["j1"]  # j2 waits for j1; j1 is claimed once
             assert (await jobs.status("j1")).state == "running"
+            snapshot = await jobs.snapshot("s1")
+            shown = [(j["job_id"], j["state"]) for j in snapshot["jobs"]]
+            assert shown == [("j1", "running"), ("j2", "blocked")]
         finally:
             await receipts.dispose()
             await run_sync(workers.dispose)

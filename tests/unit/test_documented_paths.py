@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from admission import telemetry
+from admission.jobs._snapshot import SNAPSHOT_FORMAT
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
@@ -20,8 +21,16 @@ PAGES = [
 ]
 FROM_IMPORT = re.compile(r"^from (admission[\w.]*) import ([\w, ]+)$", re.MULTILINE)
 DOTTED = re.compile(r"(?<![\w/.])admission(?:\.\w+)+")
-# The names of spans, instruments and attributes (docs/observability.md) are dotted too, but no paths.
-NOT_PATHS = {"admission.sqlite3", "admission.py", *telemetry.SPANS, *telemetry.METRICS, *telemetry.ATTRIBUTES}
+# The names of spans, instruments and attributes (docs/observability.md) and the jobs snapshot's
+# format (docs/jobs.md) are dotted too, but no paths.
+NOT_PATHS = {
+    "admission.sqlite3",
+    "admission.py",
+    SNAPSHOT_FORMAT,
+    *telemetry.SPANS,
+    *telemetry.METRICS,
+    *telemetry.ATTRIBUTES,
+}
 
 
 def resolve(dotted: str) -> object:

@@ -190,6 +190,7 @@ def test_the_job_port_its_memory_store_and_the_rules_import_no_sqlalchemy_and_no
         "contextlib",
         "dataclasses",
         "datetime",
+        "hashlib",  # a pure computation: a checkpoint's digest in a snapshot (admission.jobs._store)
         "threading",
         "typing",
         "admission",
