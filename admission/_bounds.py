@@ -17,6 +17,7 @@ Pure: no I/O, no clock, no SQLAlchemy.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "TEXT",
     "TOKEN",
     "WRITE_STATE",
+    "mask_secrets",
     "storable_text",
     "text_fault",
 ]
@@ -114,3 +116,17 @@ def storable_text(text: str) -> str:
         # One replacement per surrogate keeps the length, so a cut text stays within its width.
         text = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
     return text
+
+
+_URL_PASSWORD: Final = re.compile(r"(?P<keep>[A-Za-z][\w+.-]*://[^\s:/@]*:)[^\s@]*@")
+_QUERY_PASSWORD: Final = re.compile(r"(?P<keep>[?&][^\s=&]*password=)[^\s&]*", re.IGNORECASE)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the password of every URL in it as ``***`` (``user:***@``, ``?password=***``).
+
+    For text the library did not write itself but keeps or prints: an
+    exception's message or traceback (a driver's may quote the URL it was
+    given) becomes a job's diagnostic, and the command line prints errors.
+    """
+    return _QUERY_PASSWORD.sub(r"\g<keep>***", _URL_PASSWORD.sub(r"\g<keep>***@", text))

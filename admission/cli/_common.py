@@ -10,11 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from admission._bounds import mask_secrets
 from admission.errors import AdmissionError
 from admission.http import parse_json_value
 from admission.intent import canonical_decode
@@ -150,15 +150,8 @@ def print_json(payload: object) -> None:
     print(json.dumps(payload, indent=2, ensure_ascii=False))
 
 
-_URL_PASSWORD = re.compile(r"(?P<keep>[A-Za-z][\w+.-]*://[^\s:/@]*:)[^\s@]*@")
-_QUERY_PASSWORD = re.compile(r"(?P<keep>[?&][^\s=&]*password=)[^\s&]*", re.IGNORECASE)
-
-
-def mask_secrets(text: str) -> str:
-    """``text`` with the password of every URL in it as ``***`` (``user:***@``, ``?password=***``)."""
-    # Messages never quote a URL on purpose (masked_url is for that), but a
-    # driver's or argparse's may echo what it was given: mask on the way out.
-    return _QUERY_PASSWORD.sub(r"\g<keep>***", _URL_PASSWORD.sub(r"\g<keep>***@", text))
+# Messages never quote a URL on purpose (masked_url is for that), but a driver's or argparse's may
+# echo what it was given: the command line masks on the way out (mask_secrets, re-exported here).
 
 
 def print_error(exc: BaseException | str) -> None:

@@ -311,11 +311,13 @@ def check_diagnostic(diagnostic: str | None, job_id: str) -> None:
 def bounded_diagnostic(text: str) -> str:
     """``text`` cut to fit :data:`MAX_DIAGNOSTIC_BYTES`, with a visible marker when cut (never silently).
 
-    NUL and lone surrogates, which no backend stores, become U+FFFD first; a cut
+    The password of any URL in it is masked first (``user:***@``: an exception's
+    text may quote the URL it was given, and diagnostics are stored and printed);
+    NUL and lone surrogates, which no backend stores, become U+FFFD; a cut
     keeps whole characters and ends with `` [truncated N bytes]``, where N is the
     number of UTF-8 bytes cut from that mended text (kept bytes + N = its length).
     """
-    data = bounds.storable_text(text).encode("utf-8")
+    data = bounds.storable_text(bounds.mask_secrets(text)).encode("utf-8")
     if len(data) <= MAX_DIAGNOSTIC_BYTES:
         return data.decode("utf-8")
     # Room for the widest marker: N is at most len(data), so its digits never outgrow the reservation.

@@ -49,10 +49,11 @@ def check_name(value: object, field: str) -> str:
 def bounded_text(text: str, limit: int) -> str:
     """``text`` cut to at most ``limit`` UTF-8 bytes, visibly marked when cut (contract §1).
 
-    NUL and lone surrogates, which no backend stores, become U+FFFD: free text
-    the library keeps is mended, never refused.
+    The password of any URL in it is masked (a target's error may quote the
+    URL it was given); NUL and lone surrogates, which no backend stores, become
+    U+FFFD: free text the library keeps is mended, never refused.
     """
-    text = bounds.storable_text(text)
+    text = bounds.storable_text(bounds.mask_secrets(text))
     raw = text.encode("utf-8")
     if len(raw) <= limit:
         return text
