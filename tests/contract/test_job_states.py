@@ -1,4 +1,7 @@
-"""The job service on every job store, checked against a reference model of the table (contract §4)."""
+"""The job service on every job store, checked against a reference model of the table (contract §4).
+
+The model holds one scope's jobs, so it restates the rule of one running job per
+scope too: a waiting job's claim answers ``scope_busy`` while another one runs."""
 
 from __future__ import annotations
 
@@ -125,6 +128,8 @@ class Model:
                     self.to(job_id, ending)
                     return "final", job.state
             event = "reclaim"
+        elif any(other.state == "running" for other in self.jobs.values()):
+            return "not_claimable", "scope_busy"  # one running job per scope (its jobs share one)
         self.to(job_id, event)
         job.fence += 1
         job.beat += 1
@@ -158,6 +163,7 @@ class JobMachine(RuleBasedStateMachine):
     counter = itertools.count()
     steps = 0
     backoffs = 0
+    busy = 0
     enqueued: ClassVar[list[str]] = []
 
     def __init__(self) -> None:
@@ -214,6 +220,7 @@ class JobMachine(RuleBasedStateMachine):
         expected = self.model.claim(job_id)
         answer = self.store.claim(job_id)
         JobMachine.backoffs += answer.reason == "backoff"
+        JobMachine.busy += answer.reason == "scope_busy"
         assert (
             answer.outcome,
             answer.state if answer.outcome != "not_claimable" else answer.reason,
@@ -395,13 +402,14 @@ class JobMachine(RuleBasedStateMachine):
             assert (view.cancel_requested, view.stop_requested) == (job.cancel, job.stop), job_id
             wall = None if job.not_before is None else self.wall.at(job.not_before - self.model.now)
             assert view.not_before == wall, job_id
+        assert self.store.counts(self.scope).get("running", 0) <= 1  # one running job per scope
 
 
 def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> None:
     clock, wall = ManualClock(), WallClock()
     store = jobs_on(job_stores.open(), clock, max_waiting=4, now=wall, backoff=BACKOFF)
     JobMachine.store, JobMachine.clock, JobMachine.steps, JobMachine.enqueued = store, clock, 0, []
-    JobMachine.wall, JobMachine.backoffs = wall, 0
+    JobMachine.wall, JobMachine.backoffs, JobMachine.busy = wall, 0, 0
     run_state_machine_as_test(
         # Derandomised on every machine: the corners asserted below are
         # reached by this draw, while a random 20 programs can miss one.
@@ -415,10 +423,10 @@ def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> Non
             seen[event.event] = seen.get(event.event, 0) + 1
     SUMMARY_LINES.append(
         f"job model state machine on {job_stores.backend}: {JobMachine.steps} steps checked, "
-        f"{JobMachine.backoffs} claims refused for a backoff; events "
+        f"{JobMachine.backoffs} claims refused for a backoff, {JobMachine.busy} for a busy scope; events "
         + ", ".join(f"{event} {n}" for event, n in sorted(seen.items()))
     )
     # The run reached the interesting corners of the table, not only the easy ones.
     for event in ("reclaim", "recovered_after_publish", "inconsistent_publication", "retryable_failure"):
         assert seen.get(event, 0) > 0, (event, seen)
-    assert JobMachine.backoffs > 0
+    assert JobMachine.backoffs > 0 and JobMachine.busy > 0
