@@ -128,8 +128,8 @@ class JobTransaction(Protocol):
         """The job, held until the end of the transaction; ``None`` if there is no such job.
 
         ``skip_locked``: never wait for another transaction that holds the job; answer
-        ``None`` instead (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  Claimers of a queue
-        use it, so that none waits on a job another one is claiming.
+        ``None`` instead (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  ``claim_next`` uses
+        it, so that it never waits on a job an owner or an operator is writing.
         """
         ...
 

@@ -161,7 +161,8 @@ class ClaimResult:
     ``claimed``: ``lease`` is yours.  ``final``: the job is (now) completed,
     failed or cancelled; a duplicate delivery is acknowledged, nothing runs.
     ``not_claimable``: ``reason`` says why (``blocked``, ``paused``,
-    ``lease_live``, ``recovery_required``, ``backoff``: a retry's wait has not ended).
+    ``lease_live``, ``recovery_required``, ``backoff``: a retry's wait has not ended;
+    ``scope_busy``: another job of its scope is running, and a scope runs one job at a time).
     """
 
     outcome: Literal["claimed", "final", "not_claimable"]
