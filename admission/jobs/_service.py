@@ -250,10 +250,11 @@ class JobService:
             for job_id in running:
                 row = tx.lock_job(job_id, skip_locked=True)
                 answer = None if row is None else judge_claim(tx, row, owner, now)
-                if answer is None or answer.outcome != "final":
-                    # Claimed (a reclaim), or still running (its owner is writing, its lease
-                    # lives, or it is paused): either way nothing else of the scope may start.
+                if answer is None or answer.state == JobState.RUNNING:
+                    # Reclaimed, or still running (its owner is writing, its lease lives, or
+                    # it is paused): either way nothing else of the scope may start.
                     return answer if answer is not None and answer.lease is not None else None
+                # The reclaim ended it instead (a refused restart): the scope may be free.
             # No job of the scope runs now (a reclaim may have just ended one): the oldest waiting.
             for job_id in waiting:
                 row = tx.lock_job(job_id, skip_locked=True)
