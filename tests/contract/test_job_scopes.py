@@ -40,6 +40,7 @@ operations = st.lists(
         st.tuples(st.just("complete"), st.integers(0, JOBS - 1)),
         st.tuples(st.sampled_from(["fail", "fail_fatally"]), st.integers(0, JOBS - 1)),
         st.tuples(st.just("lease_expires"), st.just(0)),
+        st.tuples(st.just("claim_next_after_a_lease"), st.integers(0, SCOPES - 1)),
     ),
     min_size=4,
     max_size=30,
@@ -137,6 +138,12 @@ class Program:
             self.claim_next(self.scope(n))
         elif name == "lease_expires":
             self.clock.advance(LEASE)
+        elif name == "claim_next_after_a_lease":
+            # Watch the scope's running job, a whole lease of silence, again: how it is reclaimed.
+            self.claim_next(self.scope(n))
+            self.check()
+            self.clock.advance(LEASE)
+            self.claim_next(self.scope(n))
         elif (job_id := self.job_id(n)) is None:
             return
         elif name == "claim":

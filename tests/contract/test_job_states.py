@@ -1,7 +1,8 @@
 """The job service on every job store, checked against a reference model of the table (contract §4).
 
-The model holds one scope's jobs, so it restates the rule of one running job per
-scope too: a waiting job's claim answers ``scope_busy`` while another one runs."""
+The machine's jobs go to two scopes, alternately, so the model restates the rule
+of one running job per scope too: a waiting job's claim answers ``scope_busy``
+while another job of its scope runs, and a job of the other scope runs beside it."""
 
 from __future__ import annotations
 
@@ -64,6 +65,7 @@ class ModelJob:
     seen: tuple[tuple[int, int], float] | None = None
     published: list[tuple[str, bytes]] = field(default_factory=list)
     not_before: float | None = None
+    scope: int = 0
 
 
 class Model:
@@ -91,10 +93,12 @@ class Model:
                     self.to(other_id, "dependency_failed")
 
     def enqueue(self, job_id: str, deps: tuple[str, ...], max_attempts: int) -> str:
-        waiting = sum(1 for j in self.jobs.values() if j.state in UNFINISHED_JOB_STATES)
+        scope = len(self.jobs) % 2  # the bound is per scope
+        waiting = sum(1 for j in self.jobs.values() if j.scope == scope and j.state in UNFINISHED_JOB_STATES)
         if waiting + 1 > self.max_waiting:
             return "full"
-        self.jobs[job_id] = ModelJob(deps, max_attempts, initial_state([self.jobs[d].state for d in deps]))
+        state = initial_state([self.jobs[d].state for d in deps])
+        self.jobs[job_id] = ModelJob(deps, max_attempts, state, scope=scope)
         if any(self.jobs[d].state in ("failed", "cancelled") for d in deps):
             self.to(job_id, "dependency_failed")
         return self.jobs[job_id].state
@@ -128,8 +132,8 @@ class Model:
                     self.to(job_id, ending)
                     return "final", job.state
             event = "reclaim"
-        elif any(other.state == "running" for other in self.jobs.values()):
-            return "not_claimable", "scope_busy"  # one running job per scope (its jobs share one)
+        elif any(other.state == "running" and other.scope == job.scope for other in self.jobs.values()):
+            return "not_claimable", "scope_busy"  # one running job per scope
         self.to(job_id, event)
         job.fence += 1
         job.beat += 1
@@ -197,9 +201,10 @@ class JobMachine(RuleBasedStateMachine):
 
     def _enqueue(self, deps: tuple[str, ...], max_attempts: int) -> str:
         job_id = self._id()
+        scope = f"{self.scope}-{len(self.model.jobs) % 2}"  # the model's scope of the job
         expected = self.model.enqueue(job_id, deps, max_attempts)
         try:
-            answer = self.store.enqueue(Job(job_id, self.scope, "k", None, deps, max_attempts))
+            answer = self.store.enqueue(Job(job_id, scope, "k", None, deps, max_attempts))
         except JobQueueFullError:
             assert expected == "full"
             return deps[0] if deps else f"{self.scope}-j0"
@@ -402,7 +407,8 @@ class JobMachine(RuleBasedStateMachine):
             assert (view.cancel_requested, view.stop_requested) == (job.cancel, job.stop), job_id
             wall = None if job.not_before is None else self.wall.at(job.not_before - self.model.now)
             assert view.not_before == wall, job_id
-        assert self.store.counts(self.scope).get("running", 0) <= 1  # one running job per scope
+        for scope in (0, 1):  # one running job per scope
+            assert self.store.counts(f"{self.scope}-{scope}").get("running", 0) <= 1
 
 
 def test_the_store_agrees_with_the_reference_model(job_stores: JobStores) -> None:
