@@ -199,6 +199,15 @@ class JobMachine(RuleBasedStateMachine):
         self.crash_after_publish_then_recover(job_id, tampered=False)
         return job_id
 
+    @initialize(target=jobs)
+    def retried(self) -> str:
+        """And with a job that failed retryably and is claimed again at once: refused for its
+        backoff (whichever draw follows, and whatever else of its scope runs, as the model says)."""
+        job_id = self._enqueue((), 3)
+        self.claim_then_fail(job_id, retryable=True)
+        self.claim(job_id)
+        return job_id
+
     def _enqueue(self, deps: tuple[str, ...], max_attempts: int) -> str:
         job_id = self._id()
         scope = f"{self.scope}-{len(self.model.jobs) % 2}"  # the model's scope of the job
