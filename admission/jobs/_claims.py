@@ -25,6 +25,13 @@ job to ``recovery_required`` (``recovery_exhausted``) with a diagnostic
 (:func:`recovery_refusal`, :func:`end_recovery`).  The bound is the job's one
 ``max_attempts``, counted apart for recovery: a job that recorded its result on
 its last attempt may still be recovered.
+**One running job per scope** (:func:`judge_claim`): a claim holds the
+job's scope (``lock_scope``) before the job itself, the order an enqueue
+takes them in, so two claims of one scope never run side by side and
+cannot deadlock with an enqueue; under that lock a waiting job whose scope
+has another job ``running`` answers ``not_claimable`` (``scope_busy``) and
+nothing is written.  The scope, not the job, is the unit of concurrency
+(``docs/jobs.md``, "Claims").
 
 **A claim** (:func:`start_attempt`) moves the job to ``running`` under
 ``fence + 1`` (contract §3: a reclaim never reuses the old token), records
@@ -36,17 +43,26 @@ Speaks only to the port; the clock's readings are passed in.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from admission.errors import StorageError
 from admission.intent._encoding import Value, canonical_decode
-from admission.jobs._lifecycle import transition
-from admission.jobs._states import JobState
+from admission.jobs._lifecycle import end_attempt, transition
+from admission.jobs._states import FINAL_JOB_STATES, JobState
 from admission.jobs._store import AttemptRow, JobRow, JobTransaction
 from admission.jobs._values import ClaimResult, JobLease, bounded_diagnostic
 
-__all__ = ["LeaseWatch", "end_recovery", "recovery_refusal", "restart_refusal", "start_attempt"]
+__all__ = [
+    "LeaseWatch",
+    "Owner",
+    "end_recovery",
+    "judge_claim",
+    "recovery_refusal",
+    "restart_refusal",
+    "start_attempt",
+]
 
 
 @dataclass
@@ -134,6 +150,67 @@ def end_recovery(tx: JobTransaction, row: JobRow, now: datetime) -> ClaimResult 
     changes = replace(row, diagnostic=diagnostic)
     transition(tx, row, event, reason, now, detail=diagnostic, changes=changes)
     return ClaimResult("not_claimable", row.job_id, JobState.RECOVERY_REQUIRED.value, reason)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who claims, and the lease it would take: the claiming service's side of :func:`judge_claim`.
+
+    ``started`` is the monotonic time read before the claim's transaction
+    began; ``attempt_id`` makes the id of a new attempt.
+    """
+
+    name: str
+    watch: LeaseWatch
+    started: float
+    lease_seconds: float
+    attempt_id: Callable[[], str]
+
+
+def judge_claim(tx: JobTransaction, row: JobRow, owner: Owner, now: datetime) -> ClaimResult:
+    """Claim the job ``tx`` holds (its scope held first), or say why not; a refusal writes nothing,
+    except a reclaim whose restart is refused (:func:`restart_refusal`), which ends the job."""
+    job_id, state = row.job_id, row.state
+    if state in FINAL_JOB_STATES:
+        return ClaimResult("final", job_id, state, row.reason)
+    if state in (JobState.BLOCKED, JobState.RECOVERY_REQUIRED):
+        return ClaimResult("not_claimable", job_id, state, state)
+    if row.paused:
+        return ClaimResult("not_claimable", job_id, state, "paused")
+    if row.not_before is not None and now < row.not_before:
+        return ClaimResult("not_claimable", job_id, state, "backoff")
+    if state == JobState.RUNNING:
+        if not owner.watch.expired(row, owner.started, owner.lease_seconds):
+            return ClaimResult("not_claimable", job_id, state, "lease_live")
+        end_attempt(tx, row.attempt_id, "lease_expired", None, now)
+        if row.publish_result is None:
+            ending = restart_refusal(row)
+            if ending is not None:
+                event, reason = ending
+                final = transition(tx, row, event, reason, now)
+                return ClaimResult("final", job_id, final.state, reason)
+        else:
+            exhausted = end_recovery(tx, row, now)
+            if exhausted is not None:
+                return exhausted
+        event = "reclaim"
+    else:
+        # queued or retry_wait: a stop or cancel request would have ended it already.  Read
+        # under the scope's lock, which every claim takes: no other job of it can start meanwhile.
+        if any(other != job_id for other in tx.running_in_scope(row.scope)):
+            return ClaimResult("not_claimable", job_id, state, "scope_busy")
+        event = "claim"
+    owner.watch.forget(job_id)
+    return start_attempt(
+        tx,
+        row,
+        event,
+        attempt_id=owner.attempt_id(),
+        owner=owner.name,
+        started=owner.started,
+        lease_seconds=owner.lease_seconds,
+        now=now,
+    )
 
 
 def start_attempt(

@@ -86,8 +86,17 @@ class _MemoryTransaction:
     def __init__(self, tables: _Tables) -> None:
         self._t = tables
 
-    def lock_scope(self, scope: str, *, created_at: datetime) -> None:
-        self._t.scopes.setdefault(scope, 0)
+    def lock_scope(
+        self, scope: str, *, created_at: datetime | None = None, skip_locked: bool = False
+    ) -> bool:
+        # The store's one lock is held for the whole transaction: no other one holds the scope.
+        if created_at is not None:
+            self._t.scopes.setdefault(scope, 0)
+        return scope in self._t.scopes
+
+    def running_in_scope(self, scope: str) -> list[str]:
+        rows = (r for r in self._t.jobs.values() if r.scope == scope and r.state == "running")
+        return [r.job_id for r in sorted(rows, key=lambda r: r.position)]
 
     def lock_job(self, job_id: str, *, skip_locked: bool = False) -> JobRow | None:
         # The store's one lock is held for the whole transaction: no other one holds the job.

@@ -54,7 +54,7 @@ from admission.errors import (
 )
 from admission.intent._encoding import Value, canonical_encode
 from admission.jobs._backoff import DEFAULT_BACKOFF, Backoff
-from admission.jobs._claims import LeaseWatch, end_recovery, restart_refusal, start_attempt
+from admission.jobs._claims import LeaseWatch, Owner, judge_claim, restart_refusal
 from admission.jobs._enqueue import enqueue_batch
 from admission.jobs._lifecycle import (
     end_attempt,
@@ -211,71 +211,61 @@ class JobService(SnapshotMethods):
         is written).  A running job is reclaimed only once its lease expired
         as this service judges it (``admission.jobs._claims``); a reclaim of a job whose
         result was recorded returns a lease that recovers instead of executing.
+        A waiting job whose scope has another job ``running`` answers
+        ``not_claimable`` (``scope_busy``): one running job per scope.  The
+        claim waits for the scope and the job if another transaction holds them.
         """
         check_text(job_id, "job_id", MAX_ID_LENGTH, None)
-        answer = self._claim(job_id, skip_locked=False)
-        assert answer is not None  # only a skipping claim answers nothing
-        return answer
-
-    def _claim(self, job_id: str, *, skip_locked: bool) -> ClaimResult | None:
-        started = self.clock()
+        owner = self._owner()
         with self.store.transaction() as tx:
             now = self.now()
-            row = tx.lock_job(job_id, skip_locked=skip_locked)
-            if row is None:
-                if skip_locked:
-                    return None  # another transaction holds it (a claimer): take the next one
+            # The scope before the job, the order of an enqueue (which locks the scope, then
+            # reads jobs): one order, no deadlock.  A job's scope never changes: read it unlocked.
+            found = tx.find_jobs([job_id])
+            if not found or not tx.lock_scope(found[0].scope):
                 raise UnknownJobError(f"no job {job_id!r}", job_id=job_id)
-            state = row.state
-            if state in FINAL_JOB_STATES:
-                return ClaimResult("final", job_id, state, row.reason)
-            if state in (JobState.BLOCKED, JobState.RECOVERY_REQUIRED):
-                return ClaimResult("not_claimable", job_id, state, state)
-            if row.paused:
-                return ClaimResult("not_claimable", job_id, state, "paused")
-            if row.not_before is not None and now < row.not_before:
-                return ClaimResult("not_claimable", job_id, state, "backoff")
-            if state == JobState.RUNNING:
-                if not self._watch.expired(row, started, self.lease_seconds):
-                    return ClaimResult("not_claimable", job_id, state, "lease_live")
-                end_attempt(tx, row.attempt_id, "lease_expired", None, now)
-                if row.publish_result is None:
-                    ending = restart_refusal(row)
-                    if ending is not None:
-                        event, reason = ending
-                        final = transition(tx, row, event, reason, now)
-                        return ClaimResult("final", job_id, final.state, reason)
-                else:
-                    exhausted = end_recovery(tx, row, now)
-                    if exhausted is not None:
-                        return exhausted
-                event = "reclaim"
-            else:
-                # queued or retry_wait: a stop or cancel request would have ended it already.
-                event = "claim"
-            self._watch.forget(job_id)
-            return start_attempt(
-                tx,
-                row,
-                event,
-                attempt_id=self._attempt_id(),
-                owner=self.owner,
-                started=started,
-                lease_seconds=self.lease_seconds,
-                now=now,
-            )
+            return judge_claim(tx, self._locked(tx, job_id), owner, now)
+
+    def _owner(self) -> Owner:
+        return Owner(self.owner, self._watch, self.clock(), self.lease_seconds, self._attempt_id)
 
     def claim_next(self, scope: str) -> ClaimResult | None:
         """Claim the oldest claimable job of ``scope`` (queued, retrying, or expired), or ``None``.
 
-        Like a queue: a job another transaction holds (a concurrent claimer's) is
-        skipped, never waited for (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), and
-        so is a job whose retry backoff has not ended.
+        One running job per scope: while a job of ``scope`` is ``running``,
+        only that job can be claimed (reclaimed once its lease expired).  Never
+        waits: a scope another transaction holds (a claim or an enqueue in
+        flight) answers ``None`` at once, and a job another transaction holds is
+        passed over (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), and so is a job
+        whose retry backoff has not ended.
         """
-        for job_id in self.store.claim_candidates(scope, _CLAIM_SCAN, now=self.now()):
-            answer = self._claim(job_id, skip_locked=True)
-            if answer is not None and answer.outcome == "claimed":
-                return answer
+        if not _storable(scope, MAX_SCOPE_LENGTH):
+            return None
+        waiting = self.store.claim_candidates(scope, _CLAIM_SCAN, now=self.now())
+        if not waiting:
+            return None
+        owner = self._owner()
+        with self.store.transaction() as tx:
+            now = self.now()
+            if not tx.lock_scope(scope, skip_locked=True):
+                return None  # another claim or an enqueue holds the scope: never wait for it
+            running = tx.running_in_scope(scope)
+            for job_id in running:
+                row = tx.lock_job(job_id, skip_locked=True)
+                answer = None if row is None else judge_claim(tx, row, owner, now)
+                if answer is None or answer.state == JobState.RUNNING:
+                    # Reclaimed, or still running (its owner is writing, its lease lives, or
+                    # it is paused): either way nothing else of the scope may start.
+                    return answer if answer is not None and answer.lease is not None else None
+                # The reclaim ended it instead (a refused restart): the scope may be free.
+            # No job of the scope runs now (a reclaim may have just ended one): the oldest waiting.
+            for job_id in waiting:
+                row = tx.lock_job(job_id, skip_locked=True)
+                if row is None or row.job_id in running:
+                    continue  # held by another transaction (a pause, say), or judged above
+                answer = judge_claim(tx, row, owner, now)
+                if answer.lease is not None:
+                    return answer
         return None
 
     # -- fenced writes of the owner --

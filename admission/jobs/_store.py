@@ -218,10 +218,19 @@ def snapshot_order(job: SnapshotJob) -> tuple[str, int]:
 class JobTransaction(Protocol):
     """One write transaction on the job store: everything in it commits together, or nothing does."""
 
-    def lock_scope(self, scope: str, *, created_at: datetime) -> None:
-        """Create the scope if it is new and hold it until the end: enqueues into it wait.
+    def lock_scope(
+        self, scope: str, *, created_at: datetime | None = None, skip_locked: bool = False
+    ) -> bool:
+        """Hold the scope until the end of the transaction: enqueues into it and claims in it wait.
 
-        The queue bound is counted under this lock, so two enqueues cannot both pass it.
+        With ``created_at`` (an enqueue), a new scope is created first; without
+        it (a claim), a scope that does not exist is not created and the answer
+        is ``False``.  The queue bound is counted under this lock, so two
+        enqueues cannot both pass it; a claim takes it before the job's own
+        lock (the order enqueues take them in), so claims of one scope see
+        each other's running job.  ``skip_locked``: never wait for another
+        transaction that holds the scope; answer ``False`` instead
+        (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  ``True``: the scope is held.
         """
         ...
 
@@ -229,8 +238,8 @@ class JobTransaction(Protocol):
         """The job, held until the end of the transaction; ``None`` if there is no such job.
 
         ``skip_locked``: never wait for another transaction that holds the job; answer
-        ``None`` instead (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  Claimers of a queue
-        use it, so that none waits on a job another one is claiming.
+        ``None`` instead (PostgreSQL: ``FOR UPDATE SKIP LOCKED``).  ``claim_next`` uses
+        it, so that it never waits on a job an owner or an operator is writing.
         """
         ...
 
@@ -244,6 +253,11 @@ class JobTransaction(Protocol):
         A dependency that finishes meanwhile waits for this transaction, and
         then sees the dependents enqueued here (it must unblock or fail them).
         """
+        ...
+
+    def running_in_scope(self, scope: str) -> list[str]:
+        """The ids of ``scope``'s ``running`` jobs, in queue order (at most one, once every claim
+        keeps the rule of one running job per scope; read through the ``(scope, state)`` index)."""
         ...
 
     def count_unfinished(self, scope: str) -> int:

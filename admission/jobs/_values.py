@@ -163,7 +163,8 @@ class ClaimResult:
     ``not_claimable``: ``reason`` says why (``blocked``, ``paused``,
     ``lease_live``, ``recovery_required``, ``backoff``: a retry's wait has not ended;
     ``recovery_exhausted``: this claim found the job's recovery attempts at their
-    bound and moved it to ``recovery_required`` instead of starting another).
+    bound and moved it to ``recovery_required`` instead of starting another;
+    ``scope_busy``: another job of its scope is running, and a scope runs one job at a time).
     """
 
     outcome: Literal["claimed", "final", "not_claimable"]

@@ -1,12 +1,13 @@
 """The job store on SQLite (the embedded default) and PostgreSQL (worker contract §3, §4).
 
 Implements :class:`~admission.jobs.JobStore` on the ``worker_job*`` tables
-(revisions ``0004`` and ``0005``).  Every job transaction is a write transaction: on
-PostgreSQL a job is held with ``SELECT ... FOR UPDATE`` (a claimer's with
-``FOR UPDATE SKIP LOCKED``, so that claimers never wait on each other; its blocked
-dependents with ``FOR UPDATE OF worker_jobs``, a scope with ``FOR UPDATE`` on
-its ``worker_job_scopes`` row, an enqueue's existing dependencies with ``FOR
-SHARE``, in id order); on SQLite the transaction begins ``BEGIN IMMEDIATE``
+(revisions ``0004`` and ``0005``).  Every job transaction is a write transaction.
+On PostgreSQL a scope is held with ``FOR UPDATE`` on its ``worker_job_scopes``
+row (``claim_next``'s with ``FOR UPDATE SKIP LOCKED``, so that it never waits on
+another claim or an enqueue), always before any job of it; a job with ``SELECT
+... FOR UPDATE`` (``claim_next``'s with ``SKIP LOCKED``; its blocked dependents
+with ``FOR UPDATE OF worker_jobs``, an enqueue's existing dependencies with ``FOR
+SHARE``, in id order).  On SQLite the transaction begins ``BEGIN IMMEDIATE``
 (``WRITE_OPTION``), which already excludes every other writer.  The owner's
 fenced write is one conditional ``UPDATE worker_jobs ... WHERE job_id AND
 fence AND state = 'running' ... RETURNING``: the database decides, and the
@@ -82,6 +83,10 @@ _EVENT_FIELDS: Final = (
 # running it on SQLite.  Parameters named ``b_*`` are the WHERE clause's; the
 # other parameters of an INSERT or UPDATE are the columns it writes.
 _LOCK_SCOPE: Final = select(_SCOPES.scope).where(_SCOPES.scope == bindparam("b_scope")).with_for_update()
+# claim_next's: a scope another transaction holds (a claim or an enqueue in flight) is passed over.
+_LOCK_SCOPE_OR_SKIP: Final = (
+    select(_SCOPES.scope).where(_SCOPES.scope == bindparam("b_scope")).with_for_update(skip_locked=True)
+)
 _NEXT_POSITION: Final = (
     update(worker_job_scopes)
     .where(_SCOPES.scope == bindparam("b_scope"))
@@ -109,6 +114,12 @@ _COUNT_UNFINISHED: Final = (
     select(func.count())
     .select_from(worker_jobs)
     .where(_JOBS.scope == bindparam("b_scope"), _JOBS.state.in_(sorted(UNFINISHED_JOB_STATES)))
+)
+# Read through ix_worker_jobs_scope_state, like the claim candidates.
+_RUNNING_IN_SCOPE: Final = (
+    select(_JOBS.job_id)
+    .where(_JOBS.scope == bindparam("b_scope"), _JOBS.state == "running")
+    .order_by(_JOBS.position)
 )
 _INSERT_JOB: Final = insert(worker_jobs)
 _INSERT_DEPENDENCY: Final = insert(worker_job_dependencies)
@@ -215,10 +226,17 @@ class _SqlJobTransaction:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
 
-    def lock_scope(self, scope: str, *, created_at: datetime) -> None:
-        values = {"scope": scope, "last_position": 0, "created_at": created_at}
-        insert_or_ignore(self._conn, worker_job_scopes, values, ["scope"])
-        self._conn.execute(_LOCK_SCOPE, {"b_scope": scope})
+    def lock_scope(
+        self, scope: str, *, created_at: datetime | None = None, skip_locked: bool = False
+    ) -> bool:
+        if created_at is not None:
+            values = {"scope": scope, "last_position": 0, "created_at": created_at}
+            insert_or_ignore(self._conn, worker_job_scopes, values, ["scope"])
+        statement = _LOCK_SCOPE_OR_SKIP if skip_locked else _LOCK_SCOPE
+        return self._conn.execute(statement, {"b_scope": scope}).first() is not None
+
+    def running_in_scope(self, scope: str) -> list[str]:
+        return [str(job_id) for job_id in self._conn.execute(_RUNNING_IN_SCOPE, {"b_scope": scope}).scalars()]
 
     def lock_job(self, job_id: str, *, skip_locked: bool = False) -> JobRow | None:
         statement = _LOCK_JOB_OR_SKIP if skip_locked else _LOCK_JOB

@@ -160,7 +160,9 @@ def _consumer(b: Bench, v: str) -> None:
 
 def _job_id(b: Bench, v: str) -> None:
     jobs = b.jobs()
-    jobs.enqueue_all([Job(v, "s", "k"), Job(b.fresh("j"), "s", "k", depends_on=(v,))])
+    # A scope of its own for each probe that claims: one running job per scope.
+    scope = b.fresh("s")
+    jobs.enqueue_all([Job(v, scope, "k"), Job(b.fresh("j"), scope, "k", depends_on=(v,))])
     jobs.claim(v)
 
 
@@ -175,21 +177,21 @@ def _kind(b: Bench, v: str) -> None:
 def _owner(b: Bench, v: str) -> None:
     jobs = b.jobs(owner=v)
     job_id = b.fresh("j")
-    jobs.enqueue(Job(job_id, "s", "k"))
+    jobs.enqueue(Job(job_id, b.fresh("s"), "k"))
     jobs.claim(job_id)
 
 
 def _attempt_id(b: Bench, v: str) -> None:
     jobs = b.jobs(new_id=lambda: v)
     job_id = b.fresh("j")
-    jobs.enqueue(Job(job_id, "s", "k"))
+    jobs.enqueue(Job(job_id, b.fresh("s"), "k"))
     jobs.claim(job_id)
 
 
 def _diagnostic(b: Bench, v: str) -> None:
     jobs = b.jobs()
     job_id = b.fresh("j")
-    jobs.enqueue(Job(job_id, "s", "k"))
+    jobs.enqueue(Job(job_id, b.fresh("s"), "k"))
     lease = jobs.claim(job_id).lease
     assert lease is not None
     jobs.fail(lease, v, retryable=False)

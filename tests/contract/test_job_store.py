@@ -473,19 +473,23 @@ def test_a_failed_dependency_fails_its_dependents_transitively(
     assert jobs.status(jobs.enqueue(job("d", depends_on=("a",))).job_id).state == "failed"
 
 
-def test_claim_next_finds_a_waiting_job_behind_more_running_ones_than_it_scans(job_stores: JobStores) -> None:
+def test_claim_next_reclaims_its_scopes_running_job_behind_more_waiting_ones_than_it_scans(
+    job_stores: JobStores, clock: ManualClock
+) -> None:
     import admission.jobs._service
 
-    store = jobs_on(job_stores.open(), max_waiting=200)
+    store = jobs_on(job_stores.open(), clock, max_waiting=200)
     try:
-        running = admission.jobs._service._CLAIM_SCAN + 2
-        for i in range(running + 3):
-            store.enqueue(job(f"j{i:03d}"))
-        for i in range(running):  # the oldest ones hold live leases
-            assert store.claim(f"j{i:03d}").outcome == "claimed"
-        claimed = store.claim_next("tenant-a")
-        assert claimed is not None and claimed.lease is not None
-        assert claimed.job_id == f"j{running:03d}"  # the oldest waiting one
+        waiting = admission.jobs._service._CLAIM_SCAN + 2
+        store.enqueue_all([job(f"j{i:03d}") for i in range(waiting + 1)])
+        lease = store.claim("j000").lease  # the oldest runs; more wait behind it than one scan reads
+        assert lease is not None
+        assert store.claim_next("tenant-a") is None  # its lease lives: nothing else of the scope starts
+        clock.advance(LEASE)
+        taken = store.claim_next("tenant-a")
+        assert taken is not None and taken.lease is not None
+        assert (taken.job_id, taken.reason, taken.lease.fence) == ("j000", "lease_expired", lease.fence + 1)
+        assert store.counts("tenant-a") == {"running": 1, "queued": waiting}
     finally:
         store.dispose()
 

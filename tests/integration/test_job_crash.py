@@ -147,8 +147,22 @@ def _racer(db_url: str, action: str, index: int, barrier: Any, results: Any) -> 
     store.dispose()
 
 
+def _next_racer(db_url: str, barrier: Any, results: Any) -> None:
+    """Race the other racers at the barrier, once per round: ``claim_next`` in the round's scope."""
+    store = open_jobs(db_url)
+    store.counts()  # connect before the race, not during it
+    won: list[str | None] = []
+    for round_number in range(ROUNDS):
+        barrier.wait(WAIT)
+        answer = store.claim_next(f"round-{round_number}")
+        won.append(None if answer is None or answer.lease is None else answer.job_id)
+    results.put(won)
+    store.dispose()
+
+
 RACERS = 3
 RACE_BOUND = 10
+ROUNDS = 4
 
 
 # -- helpers ------------------------------------------------------------------------------------------
@@ -329,6 +343,23 @@ def test_racing_processes_get_one_claim_and_never_pass_the_queue_bound(db_url: s
     else:
         assert answers.count("enqueued") == RACE_BOUND and answers.count("full") == RACE_BOUND * (RACERS - 1)
         assert store.counts("raced") == {"queued": RACE_BOUND}
+    store.dispose()
+
+
+def test_processes_racing_claim_next_in_one_scope_start_exactly_one_of_its_jobs(db_url: str) -> None:
+    store = open_jobs(db_url)
+    jobs = [Job(f"r{n}-j{i}", f"round-{n}", "count", {"steps": 1}) for n in range(ROUNDS) for i in range(3)]
+    store.enqueue_all(jobs)
+    barrier, results = CTX.Barrier(RACERS), CTX.Queue()
+    racers = [CTX.Process(target=_next_racer, args=(db_url, barrier, results)) for _ in range(RACERS)]
+    with running(*racers):
+        rounds = list(zip(*(results.get(timeout=WAIT) for _ in racers), strict=True))
+    assert all(p.exitcode == 0 for p in racers)
+    for n, answers in enumerate(rounds):
+        # Every racer found queued jobs; exactly one started one (the oldest), the others none.
+        assert [a for a in answers if a is not None] == [f"r{n}-j0"], answers
+        assert answers.count(None) == RACERS - 1, answers
+        assert store.counts(f"round-{n}") == {"running": 1, "queued": 2}
     store.dispose()
 
 
