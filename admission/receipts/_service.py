@@ -344,9 +344,8 @@ class AdmissionService(KeyRelease):
         found = self.store.read_receipts(namespace, workflow_id, intent.command_type, [token, key])
         if not found:
             return None
-        plain = plainly_retained(namespace, workflow_id, found, key, token, intent.digest)
-        if plain is not None:
-            return plain
+        if (plain := plainly_retained(namespace, workflow_id, found, key, token, intent.digest)) is not None:
+            return plain  # the common case, without building the judgement below
         rows = [row for row, _ in found]
         judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
         if judgement.decision is None:
