@@ -334,10 +334,7 @@ class Kept:
         try:
             result = statements(held.connection, held.cursor)
         except BaseException as exc:
-            # Any failure (a driver error, a cancelled task) closes it: its state is unknown.
-            if not self._give(self.readers, held, False):
-                _invalidate(held.proxy)
-            self._failed(exc, held.connection)
+            self._close_failed(self.readers, held, exc)
             raise
         if held.generation == self._generation and held.pid == pid:
             # Given back without the mutex (an append is atomic): a drop or a close that raced
@@ -346,6 +343,13 @@ class Kept:
         elif not self._give(self.readers, held, True):
             _invalidate(held.proxy)
         return result
+
+    def _close_failed(self, kind: _Kind, held: _Held, error: BaseException) -> None:
+        """After any failure of a read (a driver error, a cancelled task): ``held`` is closed, its
+        state unknown; a disconnect drops the idle ones too."""
+        if not self._give(kind, held, False):
+            _invalidate(held.proxy)
+        self._failed(error, held.connection)
 
     def _read_on_writer(self, held: _Held, statements: Callable[[Any, Any], R], pid: int) -> R:
         """``statements`` on an idle kept write connection, outside any transaction (SQLite).
@@ -363,10 +367,7 @@ class Kept:
                 cursor = held.cursor = held.connection.cursor()
             result = statements(held.connection, cursor)
         except BaseException as exc:
-            # As for a reader: its state is unknown, it is closed.
-            if not self._give(self.writers, held, False):
-                _invalidate(held.proxy)
-            self._failed(exc, held.connection)
+            self._close_failed(self.writers, held, exc)
             raise
         if held.generation == self._generation and held.pid == pid:
             self.writers.free.append(held)  # as a reader is given back, without the mutex

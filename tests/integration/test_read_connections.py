@@ -10,9 +10,11 @@ store's writers, another engine's, or another process's.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,18 @@ def sqlite_url(tmp_path: Path) -> str:
     return url
 
 
+@contextlib.contextmanager
+def _opened(url: str) -> Iterator[tuple[SqlStore, AdmissionService]]:
+    """A store on ``url`` and its service, with an open run of ``wf``."""
+    store = SqlStore.open(url)
+    try:
+        service = AdmissionService(store)
+        service.start_run(NS, "wf")
+        yield store, service
+    finally:
+        store.dispose()
+
+
 def _keys(key: str) -> list[str]:
     return [receipt_token("signal", key), key]
 
@@ -48,10 +62,7 @@ def _read_connection(store: SqlStore) -> Any:
 def test_after_an_admission_the_read_runs_on_the_writer_that_committed_and_gives_it_back(
     sqlite_url: str,
 ) -> None:
-    store = SqlStore.open(sqlite_url)
-    try:
-        service = AdmissionService(store)
-        service.start_run(NS, "wf")
+    with _opened(sqlite_url) as (store, service):
         fresh = service.admit_signal(NS, "wf", "pay", ARGS, request_id="k")
         kept = store._kept  # type: ignore[attr-defined]
         (writer,) = kept.writers.free
@@ -61,8 +72,6 @@ def test_after_an_admission_the_read_runs_on_the_writer_that_committed_and_gives
         # Given back, idle, and no reader was opened for it.
         assert kept.writers.free == [writer] and kept.writers.count == 1
         assert kept.readers.count == 0
-    finally:
-        store.dispose()
 
 
 def _uncommitted_row(store: SqlStore, key: str) -> CommandRow:
@@ -91,10 +100,7 @@ def _uncommitted_row(store: SqlStore, key: str) -> CommandRow:
 
 
 def test_a_read_never_sees_a_receipt_whose_transaction_is_still_open(sqlite_url: str) -> None:
-    store = SqlStore.open(sqlite_url)
-    try:
-        service = AdmissionService(store)
-        service.start_run(NS, "wf")
+    with _opened(sqlite_url) as (store, service):
         service.admit_signal(NS, "wf", "pay", ARGS, request_id="warm")  # a writer is kept, idle
         now = datetime.now(UTC)
         with store.locked(NS, "wf", created_at=now, new_id=str(uuid.uuid4())) as tx:
@@ -105,8 +111,6 @@ def test_a_read_never_sees_a_receipt_whose_transaction_is_still_open(sqlite_url:
             assert len(store.read_receipts(NS, "wf", "signal", _keys("warm"))) == 1
         found = store.read_receipts(NS, "wf", "signal", _keys("open"))
         assert [row.request_id for row, _ in found] == [receipt_token("signal", "open")]
-    finally:
-        store.dispose()
 
 
 def _admit_elsewhere(url: str, key: str) -> str:
@@ -120,10 +124,7 @@ def _admit_elsewhere(url: str, key: str) -> str:
 def test_a_read_on_a_writer_sees_what_another_engine_and_another_process_committed_since(
     sqlite_url: str,
 ) -> None:
-    store = SqlStore.open(sqlite_url)
-    try:
-        service = AdmissionService(store)
-        service.start_run(NS, "wf")
+    with _opened(sqlite_url) as (store, service):
         for n in range(20):
             service.admit_signal(NS, "wf", "pay", ARGS, request_id=f"own-{n}")
         assert service.admit_signal(NS, "wf", "pay", ARGS, request_id="own-3").decision is Decision.RETAINED
@@ -136,17 +137,12 @@ def test_a_read_on_a_writer_sees_what_another_engine_and_another_process_committ
             assert _read_connection(store) is writer.connection
             again = service.admit_signal(NS, "wf", "pay", ARGS, request_id=key)
             assert again.decision is Decision.RETAINED and again.command_id == command_id
-    finally:
-        store.dispose()
 
 
 def test_threads_admitting_and_retrying_read_every_receipt_committed_before_their_read(
     sqlite_url: str,
 ) -> None:
-    store = SqlStore.open(sqlite_url)
-    try:
-        service = AdmissionService(store)
-        service.start_run(NS, "wf")
+    with _opened(sqlite_url) as (store, service):
         committed: dict[str, str] = {}
         errors: list[BaseException] = []
         mutex = threading.Lock()
@@ -175,5 +171,3 @@ def test_threads_admitting_and_retrying_read_every_receipt_committed_before_thei
         assert errors == []
         kept = store._kept  # type: ignore[attr-defined]
         assert kept.writers.count <= kept.writers.cap and kept.readers.count <= kept.readers.cap
-    finally:
-        store.dispose()
