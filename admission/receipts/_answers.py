@@ -40,6 +40,7 @@ __all__ = [
     "context_of",
     "is_final",
     "literal_key",
+    "plainly_retained",
     "row_outcome",
     "run_info",
     "stored_receipt",
@@ -246,6 +247,34 @@ def answer_judgement(
         key,
         intent_verified=judgement.intent_verified,
     )
+
+
+def plainly_retained(
+    namespace: str,
+    workflow_id: str,
+    found: Sequence[tuple[CommandRow, UpdateRow | None]],
+    key: str,
+    token: str,
+    digest: str,
+) -> Admission | None:
+    """The retained answer when ``found`` is the common case of a retry, else ``None``.
+
+    The common case: one row, stored by this version under ``token`` with the
+    context of ``key`` and the intent ``digest`` asked again.  For it,
+    :func:`~admission.receipts._rules.judge_receipts` over :func:`stored_receipt`
+    decides ``RETAINED`` with the intent verified, and :func:`answer_judgement`
+    answers with this row and its update: the same answer, without building the
+    judgement (``tests/unit/test_answers.py`` compares them).  Anything else
+    (``None``) goes through the full judgement.
+    """
+    if len(found) != 1:
+        return None
+    row, update = found[0]
+    if row.intent_digest != digest or row.request_id != token or row.context != context_of(key):
+        return None
+    if row.command_type != "update":
+        update = None
+    return answer(Decision.RETAINED, namespace, workflow_id, row, update, key, intent_verified=True)
 
 
 def is_final(row: CommandRow, update: UpdateRow | None) -> bool:

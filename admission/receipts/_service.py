@@ -39,6 +39,7 @@ from admission.receipts._answers import (
     answer,
     answer_judgement,
     context_of,
+    plainly_retained,
     stored_receipt,
 )
 from admission.receipts._release import KeyRelease
@@ -372,6 +373,8 @@ class AdmissionService(KeyRelease):
         found = self.store.read_receipts(namespace, workflow_id, intent.command_type, [token, key])
         if not found:
             return None
+        if (plain := plainly_retained(namespace, workflow_id, found, key, token, intent.digest)) is not None:
+            return plain  # the common case, without building the judgement below
         rows = [row for row, _ in found]
         judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
         if judgement.decision is None:

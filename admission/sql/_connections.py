@@ -12,7 +12,12 @@ an extra round trip on PostgreSQL; so the stores of an engine keep a few
 connections checked out (never detached: the pool counts them; one set per
 engine, :func:`kept_for`) and lend each to one locked transaction (writers)
 or one unlocked receipt read (readers) at a time, whatever thread or task
-asks: a pool of 32 threads shares them.  Of a budget ``N``, ``N - 1`` may be kept (half writers, rounded up,
+asks: a pool of 32 threads shares them.  On SQLite a read takes an idle
+writer first, outside any transaction: SQLite drops a connection's page cache
+whenever another connection has committed, so a reader would read the
+receipt's pages from the file again after every admission, while a writer
+keeps its cache across its own commits (:meth:`Kept._read_on_writer`).
+Of a budget ``N``, ``N - 1`` may be kept (half writers, rounded up,
 the rest readers: :func:`kept_shares`), so that at least one connection
 always goes round the pool.  When every kept one is lent, the work takes a
 pooled connection, waiting for one if the budget is spent.  No store code
@@ -83,7 +88,8 @@ admissions).  Planning again for the tables as they are makes it a point
 probe for good.  The receipt-read connection is replaced; a write connection
 drops its prepared statements (``DEALLOCATE ALL``, which psycopg follows).
 Behind a transaction pooler nothing is prepared (``admission/sql/_pooler.py``):
-neither is done.
+neither is done; nor on SQLite, whose plans do not depend on the tables' sizes
+(admission runs no ``ANALYZE``).
 """
 
 USES: Final = "admission_uses"
@@ -151,8 +157,9 @@ def _own_pool(engine: Engine) -> None:
 
 class _Held:
     """A kept connection: a read one (``proxy``, its driver ``connection`` in autocommit and its
-    ``cursor``) or a write one (``proxy`` is the SQLAlchemy ``Connection``), with the process and
-    the generation it belongs to."""
+    ``cursor``) or a write one (``proxy`` is the SQLAlchemy ``Connection``; on SQLite its ``cursor``
+    once it has read, see :meth:`Kept._read_on_writer`), with the process and the generation it
+    belongs to."""
 
     __slots__ = ("connection", "cursor", "generation", "pid", "poller", "proxy", "uses")
 
@@ -191,8 +198,9 @@ class Kept:
     def __init__(self, engine: Engine) -> None:
         self._dialect = engine.dialect
         self._postgres = is_postgresql(engine.dialect)
-        # Behind a transaction pooler nothing is prepared: no reader is replaced to plan again.
-        self._replan = pooler_of(engine) is None
+        # Behind a transaction pooler nothing is prepared: no reader is replaced to plan again;
+        # nor on SQLite, which keeps no plan made for the tables as they were (REPLAN_AFTER).
+        self._replan = self._postgres and pooler_of(engine) is None
         writers, readers = kept_shares(budget_of(engine))
         self.readers, self.writers = _Kind(readers), _Kind(writers)
         self._mutex = threading.Lock()
@@ -204,6 +212,8 @@ class Kept:
         # process's lock with the loop free, holding its connection: a pooled checkout that
         # blocked the loop's thread would then never see it given back (see _wait_for_writer).
         self._blocking_pool = not engine.dialect.is_async
+        # SQLite: a read takes an idle writer first, whose page cache its own commits keep (read).
+        self._reads_on_writers = not self._postgres
         _own_pool(engine)
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -288,8 +298,17 @@ class Kept:
 
     def read(self, engine: Engine, statements: Callable[[Any, Any], R]) -> R:
         """``statements(connection, cursor)`` on a kept driver connection in autocommit (a pooled
-        one in a transaction when every kept reader is lent); its result."""
+        one in a transaction when every kept reader is lent); its result.
+
+        SQLite: on an idle kept writer when there is one (see :meth:`_read_on_writer`)."""
         pid = os.getpid()
+        if self._reads_on_writers and self._pid == pid:
+            try:
+                writer = self.writers.free.pop()
+            except IndexError:
+                pass
+            else:
+                return self._read_on_writer(writer, statements, pid)
         free = self.readers.free
         try:
             # The common case, without the mutex: an idle kept reader of this process (a list's
@@ -315,10 +334,7 @@ class Kept:
         try:
             result = statements(held.connection, held.cursor)
         except BaseException as exc:
-            # Any failure (a driver error, a cancelled task) closes it: its state is unknown.
-            if not self._give(self.readers, held, False):
-                _invalidate(held.proxy)
-            self._failed(exc, held.connection)
+            self._close_failed(self.readers, held, exc)
             raise
         if held.generation == self._generation and held.pid == pid:
             # Given back without the mutex (an append is atomic): a drop or a close that raced
@@ -326,6 +342,37 @@ class Kept:
             self.readers.free.append(held)
         elif not self._give(self.readers, held, True):
             _invalidate(held.proxy)
+        return result
+
+    def _close_failed(self, kind: _Kind, held: _Held, error: BaseException) -> None:
+        """After any failure of a read (a driver error, a cancelled task): ``held`` is closed, its
+        state unknown; a disconnect drops the idle ones too."""
+        if not self._give(kind, held, False):
+            _invalidate(held.proxy)
+        self._failed(error, held.connection)
+
+    def _read_on_writer(self, held: _Held, statements: Callable[[Any, Any], R], pid: int) -> R:
+        """``statements`` on an idle kept write connection, outside any transaction (SQLite).
+
+        SQLite drops a connection's whole page cache when it begins a read after a commit made
+        by another connection, so a kept reader reads the pages of the receipt lookup from the
+        file (the log) again after every admission; a connection's own commits leave its cache
+        as it is.  An idle writer (the one that committed last comes first) therefore answers
+        from memory.  Each statement is its own read of the latest commit, as on a reader: the
+        connection is in autocommit between its transactions.
+        """
+        cursor = held.cursor
+        try:
+            if cursor is None:
+                cursor = held.cursor = held.connection.cursor()
+            result = statements(held.connection, cursor)
+        except BaseException as exc:
+            self._close_failed(self.writers, held, exc)
+            raise
+        if held.generation == self._generation and held.pid == pid:
+            self.writers.free.append(held)  # as a reader is given back, without the mutex
+        else:
+            self._give_writer(held)
         return result
 
     def _pooled_read(self, engine: Engine, statements: Callable[[Any, Any], R]) -> R:

@@ -483,7 +483,12 @@ def as_utc(value: datetime | str) -> datetime:
     itself); they were written as UTC.
     """
     if isinstance(value, str):
-        value = datetime.fromisoformat(value)
+        try:
+            # The common case, a naive text: read as UTC in one parse (``replace`` costs
+            # several times the parse, on every receipt read).
+            return datetime.fromisoformat(value + "+00:00")
+        except ValueError:  # the text carries an offset of its own, or is no time
+            value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 

@@ -103,6 +103,10 @@ def command_row(row: Mapping[Any, Any]) -> CommandRow:
 COMMAND_FIELDS: Final = tuple(f.name for f in fields(CommandRow))
 if tuple(c.name for c in workflow_commands.c) != COMMAND_FIELDS:  # pragma: no cover - a schema edit
     raise ImportError("CommandRow's fields must be workflow_commands' columns, in table order")
+_CONTEXT, _ARGUMENTS, _CREATED_AT = "context", "arguments", "created_at"
+_CONTEXT_AT, _ARGUMENTS_AT, _CREATED_AT_AT = (
+    COMMAND_FIELDS.index(name) for name in (_CONTEXT, _ARGUMENTS, _CREATED_AT)
+)
 
 
 def command_of_columns(values: Sequence[Any]) -> CommandRow:
@@ -110,12 +114,13 @@ def command_of_columns(values: Sequence[Any]) -> CommandRow:
     # Every field is set here, so the frozen dataclass's __init__ (one
     # object.__setattr__ per field, 18 of them) can be skipped: on the retry
     # path that __init__ costs about as much as the rest of the conversion.
-    by_field = dict(zip(COMMAND_FIELDS, values, strict=True))
-    by_field["context"] = optional_bytes(by_field["context"])
-    by_field["arguments"] = optional_bytes(by_field["arguments"])
-    by_field["created_at"] = as_utc(by_field["created_at"])
     command = object.__new__(CommandRow)
-    command.__dict__.update(by_field)
+    by_field = command.__dict__
+    by_field.update(zip(COMMAND_FIELDS, values, strict=True))
+    for name, value in ((_CONTEXT, values[_CONTEXT_AT]), (_ARGUMENTS, values[_ARGUMENTS_AT])):
+        if value is not None and type(value) is not bytes:  # memoryview (psycopg)
+            by_field[name] = bytes(value)
+    by_field[_CREATED_AT] = as_utc(values[_CREATED_AT_AT])
     return command
 
 

@@ -86,11 +86,14 @@ def test_many_tasks_reading_and_admitting_on_one_async_store_get_their_own_answe
                 assert {e.command_id for e in history if e.command_id is not None} == mine
             readers = store.sync._kept.readers  # type: ignore[attr-defined]
             if not store.sync.engine.dialect.is_async:  # type: ignore[attr-defined]
-                # sqlite3 on the loop's thread: a read never yields, so one connection serves all.
-                assert readers.count == 1
+                # sqlite3 on the loop's thread: a read never yields, so one connection serves all
+                # (the idle writer, or a reader while a task's transaction holds the writer).
+                assert readers.count <= 1
                 return
             # The reads overlapped (more than one connection was lent at once), within the bound.
             assert 2 <= readers.count <= readers.cap
+            if not store.sync.postgres:  # type: ignore[attr-defined]
+                return  # SQLite keeps no plan made for the tables as they were (REPLAN_AFTER)
             # One task reading on and on (on a store of its own, whose reads all take one
             # connection): that connection is replaced when its statements are due to be planned
             # again (REPLAN_AFTER), and the answers stay right.
