@@ -287,6 +287,17 @@ class Subject:
         """The stdlib client still talks on the socket it opened: no request reconnected."""
         assert self.stdlib.sock is self._socket, "the server closed the keep-alive connection"
 
+    def _kept_alive(self, fn: Callable[[], object], seconds: float) -> float:
+        # uvicorn closes a connection idle for 5 s (its keep-alive timeout), and the other
+        # candidates run longer than that: connect anew before the run, outside the timing,
+        # then every call of the run must go over that one connection.
+        self.stdlib.close()
+        self.stdlib.connect()
+        self._socket = self.stdlib.sock
+        rate = run_for(fn, seconds)
+        self.check_kept_alive()
+        return rate
+
     def candidates(self, measurement: str) -> dict[str, Candidate]:
         """The candidates of ``measurement`` (fresh, retained or transport), by layer."""
         if measurement == "transport":
@@ -299,7 +310,7 @@ class Subject:
                 "app": lambda s: self.loop.run(
                     run_for_async(lambda: self._app_call("GET", "/api/none", b""), s)
                 ),
-                "stdlib": lambda s: run_for(stdlib_404, s),
+                "stdlib": lambda s: self._kept_alive(stdlib_404, s),
                 "httpx": lambda s: run_for(lambda: self.httpx.get("/api/none"), s),
             }
         key = self.fresh_key if measurement == "fresh" else self.retained_key
@@ -316,7 +327,7 @@ class Subject:
             "in-process": lambda s: run_for(local, s),
             "async": lambda s: self.loop.run(run_for_async(awaited, s)),
             "app": lambda s: self.loop.run(run_for_async(lambda: self._app_post(*key()), s)),
-            "stdlib": lambda s: run_for(lambda: self._stdlib_post(*key()), s),
+            "stdlib": lambda s: self._kept_alive(lambda: self._stdlib_post(*key()), s),
             "httpx": lambda s: run_for(lambda: self._httpx_post(*key()), s),
         }
 
@@ -352,7 +363,6 @@ def bench(backend: str, url: str, tag: str, rounds: int, seconds: float) -> list
             for r in range(rounds):
                 for name in names if r % 2 == 0 else reversed(names):
                     samples[name].append(candidates[name](seconds))
-                subject.check_kept_alive()
         finally:
             subject.close()
     medians = {name: statistics.median(values) for name, values in samples.items()}
