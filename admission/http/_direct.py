@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Match
 
 from admission.http._auth import namespace_in
 from admission.http._tokens import DEFAULT_NAMESPACE
+from admission.http._wire import refuse_constant, refuse_duplicates
 
 __all__ = ["DirectAdmissions"]
 
@@ -53,24 +54,11 @@ class _Unsure(Exception):
     """The direct path cannot be sure of the framework's answer: hand the request over."""
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Unsure
-        result[key] = value
-    return result
-
-
-def _refuse_constant(_name: str) -> float:
-    raise _Unsure
-
-
 def _strict_object(raw: bytes) -> dict[str, Any]:
     # The rules of strict_body; anything they (or the framework's parse) would refuse is unsure.
     try:
-        value = json.loads(raw, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as exc:
+        value = json.loads(raw, object_pairs_hook=refuse_duplicates, parse_constant=refuse_constant)
+    except (ValueError, RecursionError) as exc:  # InvalidValueError too
         raise _Unsure from exc
     if not isinstance(value, dict):
         raise _Unsure
