@@ -1,26 +1,35 @@
 """Admissions/s through the HTTP adapter beside the in-process service, measured in one run.
 
-Per backend (SQLite, PostgreSQL), on one database, four candidates:
+Per backend (SQLite, PostgreSQL), on one database, for a fresh admission
+(``admit_signal`` with a new ``request_id`` each call, round-robin over 16
+instances with an open run) and a retained one (a retry of one of 256
+existing keys with the same intent, answered with the retained receipt),
+five candidates peel the layers off one at a time:
 
-- **fresh / in-process**: ``AdmissionService.admit_signal`` with a new
-  ``request_id`` each call, round-robin over 16 instances with an open run.
-- **fresh / HTTP**: the same admission as ``POST
-  /api/workflows/{id}/signal/{name}`` with a JSON codec envelope, sent by one
-  ``httpx.Client`` (keep-alive) to ``admission serve`` (uvicorn) running in
-  a subprocess on loopback, waiting for each answer before the next request.
-- **retained / in-process** and **retained / HTTP**: a retry of one of 256
-  existing keys with the same intent, answered with the retained receipt.
+- **in-process service**: ``AdmissionService.admit_signal`` (the floor);
+- **in-process async service**: ``AsyncAdmissionService.admit_signal`` on an
+  event loop, what ``admission serve`` awaits (the async bridge and driver);
+- **app, no socket**: the ASGI app of ``create_app`` called in process with the
+  request ``POST /api/workflows/{id}/signal/{name}`` (a JSON codec envelope),
+  so the framework, validation, codec and JSON answer without any transport;
+- **HTTP, stdlib keep-alive**: the same request over one persistent
+  ``http.client.HTTPConnection`` to ``admission serve`` (uvicorn) in a
+  subprocess on loopback, waiting for each answer before the next request
+  (the connection is checked to be the same socket after every round);
+- **HTTP, httpx keep-alive**: the same through one ``httpx.Client``.
 
-The in-process candidate is the floor: HTTP adds the client, the socket, the
-server's parsing, validation, codec, threadpool hop and JSON answer around
-the very same service call.  A fifth candidate, a GET of an unknown route
-(404) through the same client and server, measures the transport alone.
-Candidates are interleaved: each round runs all five for ``--seconds`` each,
-the order reversed every other round; the table gives medians over the
-rounds, the ratio HTTP / in-process and the microseconds HTTP adds.
+Three more candidates measure the transport alone, a GET of an unknown route
+(404): through the app with no socket, and through both clients.  Candidates
+are interleaved: each round runs all of them for ``--seconds`` each, the
+order reversed every other round; the table gives medians over the rounds,
+the ratio to the in-process service and the microseconds each adds to it.
+Where the time goes per request, each the difference of two rows: the
+client is httpx less stdlib; the transport stdlib less the app; the framework
+and codec the app less the async service; the async bridge the async service
+less the in-process one.
 
-Durability is the same for both sides (it is one database): SQLite in WAL
-with ``synchronous=FULL``; PostgreSQL with ``fsync=on``,
+Durability is the same for every candidate (it is one database): SQLite in
+WAL with ``synchronous=FULL``; PostgreSQL with ``fsync=on``,
 ``synchronous_commit=on``, ``full_page_writes=on`` (the server this starts
 when no ``--pg-url`` is given).
 
@@ -46,6 +55,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # This file is bench/http.py: its own directory must not shadow the package (or httpx's ``http``).
 _HERE = Path(__file__).resolve().parent
@@ -53,10 +63,14 @@ ROOT = _HERE.parent
 sys.path[:] = [p for p in sys.path if Path(p or os.getcwd()).resolve() != _HERE]
 sys.path.insert(0, str(ROOT))
 
+import asyncio  # noqa: E402
+import http.client  # noqa: E402
+
 import httpx  # noqa: E402
 
 import admission  # noqa: E402
-from admission.http import JsonCodec, envelope  # noqa: E402
+from admission.aio import AsyncAdmissionService, open_store  # noqa: E402
+from admission.http import JsonCodec, create_app, envelope  # noqa: E402
 from admission.receipts import AdmissionService  # noqa: E402
 from admission.sql import (  # noqa: E402
     SqlStore,
@@ -72,6 +86,22 @@ INSTANCES = 16
 RETAINED_KEYS = 256
 DURABLE = {"fsync": "on", "synchronous_commit": "on", "full_page_writes": "on"}
 Row = tuple[str, str, str, float, str, str]
+Candidate = Callable[[float], float]
+"""Runs for the given seconds; returns calls per second."""
+
+# The candidates of one measurement, in the order the table lists them.
+LAYERS = (
+    ("in-process", "in-process service"),
+    ("async", "in-process async service (what the server awaits)"),
+    ("app", "app called in process, no socket (framework, codec)"),
+    ("stdlib", "HTTP, http.client keep-alive (uvicorn)"),
+    ("httpx", "HTTP, httpx keep-alive (uvicorn)"),
+)
+TRANSPORT = (
+    ("app", "404 through the app, no socket"),
+    ("stdlib", "404 over HTTP, http.client keep-alive"),
+    ("httpx", "404 over HTTP, httpx keep-alive"),
+)
 
 
 def free_port() -> int:
@@ -82,8 +112,8 @@ def free_port() -> int:
 
 
 @contextmanager
-def server(url: str) -> Iterator[str]:
-    """``admission serve`` on loopback in a subprocess; yields its base URL."""
+def server(url: str) -> Iterator[int]:
+    """``admission serve`` on loopback in a subprocess; yields its port."""
     port = free_port()
     process = subprocess.Popen(
         [
@@ -113,64 +143,10 @@ def server(url: str) -> Iterator[str]:
                 if process.poll() is not None:
                     raise RuntimeError("admission serve exited") from None
                 time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
+        yield port
     finally:
         process.terminate()
         process.wait(timeout=30)
-
-
-class Subject:
-    """The five candidates on one database; ``tag`` keeps this run's workflow ids apart."""
-
-    def __init__(self, url: str, base_url: str, tag: str) -> None:
-        self.store = SqlStore.open(url)
-        self.service = AdmissionService(self.store)
-        self.http = httpx.Client(base_url=base_url, headers={"X-Namespace": NAMESPACE}, timeout=30)
-        self.workflows = [f"{tag}-{k}" for k in range(INSTANCES)]
-        for w in self.workflows:
-            self.service.start_run(NAMESPACE, w)
-        self.input = envelope(JsonCodec(), ARGUMENTS)
-        self.retained = [(self.workflows[i % INSTANCES], f"{tag}-retained-{i}") for i in range(RETAINED_KEYS)]
-        for workflow, key in self.retained:
-            self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
-        self._counter = itertools.count()
-        self._tag = tag
-        # Both paths must give the answers they are measured for.
-        assert self.http_fresh() == 202 and self.http_retained() == 202
-        assert self.local_fresh() and self.local_retained()
-
-    def _next(self) -> tuple[str, str]:
-        n = next(self._counter)
-        return self.workflows[n % INSTANCES], f"{self._tag}-fresh-{n}"
-
-    def local_fresh(self) -> bool:
-        workflow, key = self._next()
-        answer = self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
-        return not answer.retained
-
-    def local_retained(self) -> bool:
-        workflow, key = self.retained[next(self._counter) % RETAINED_KEYS]
-        return self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key).retained
-
-    def _post(self, workflow: str, key: str) -> int:
-        response = self.http.post(
-            f"/api/workflows/{workflow}/signal/{SIGNAL}", json={"request_id": key, "input": self.input}
-        )
-        return response.status_code
-
-    def http_fresh(self) -> int:
-        return self._post(*self._next())
-
-    def http_retained(self) -> int:
-        return self._post(*self.retained[next(self._counter) % RETAINED_KEYS])
-
-    def http_round_trip(self) -> int:
-        # The transport alone: client, socket, uvicorn and routing, no admission.
-        return self.http.get("/api/none").status_code
-
-    def close(self) -> None:
-        self.http.close()
-        self.store.dispose()
 
 
 def run_for(fn: Callable[[], object], seconds: float) -> float:
@@ -186,6 +162,183 @@ def run_for(fn: Callable[[], object], seconds: float) -> float:
             return calls / (now - start)
 
 
+async def run_for_async(fn: Callable[[], Any], seconds: float) -> float:
+    """Await ``fn()`` for ``seconds`` (on the loop it runs on); returns calls per second."""
+    calls = 0
+    start = time.perf_counter()
+    end = start + seconds
+    while True:
+        await fn()
+        calls += 1
+        now = time.perf_counter()
+        if now >= end:
+            return calls / (now - start)
+
+
+class Subject:
+    """Every candidate on one database; ``tag`` keeps this run's workflow ids apart."""
+
+    def __init__(self, url: str, port: int, tag: str) -> None:
+        self.store = SqlStore.open(url)
+        self.service = AdmissionService(self.store)
+        self.loop = asyncio.Runner()
+        self.async_service = AsyncAdmissionService(self.loop.run(open_store(url)))
+        self.app = create_app(self.async_service)
+        self.httpx = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"X-Namespace": NAMESPACE}, timeout=30
+        )
+        self.stdlib = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.stdlib.connect()
+        self._socket = self.stdlib.sock
+        self.workflows = [f"{tag}-{k}" for k in range(INSTANCES)]
+        for w in self.workflows:
+            self.service.start_run(NAMESPACE, w)
+        self.input = envelope(JsonCodec(), ARGUMENTS)
+        self.retained = [(self.workflows[i % INSTANCES], f"{tag}-retained-{i}") for i in range(RETAINED_KEYS)]
+        for workflow, key in self.retained:
+            self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
+        self._counter = itertools.count()
+        self._tag = tag
+        # Every path must give the answers it is measured for.
+        for next_key, expected in ((self.fresh_key, False), (self.retained_key, True)):
+            workflow, key = next_key()
+            assert (
+                self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key).retained
+                is expected
+            )
+            answer = self.loop.run(
+                self.async_service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
+            )
+            assert answer.retained is True  # the key the line above admitted
+            for status, body in (
+                self.loop.run(self._app_post(*next_key())),
+                self._stdlib_post(*next_key()),
+                self._httpx_post(*next_key()),
+            ):
+                assert status == 202 and json.loads(body)["retained"] is expected, (status, body)
+        self.check_kept_alive()
+
+    def fresh_key(self) -> tuple[str, str]:
+        n = next(self._counter)
+        return self.workflows[n % INSTANCES], f"{self._tag}-fresh-{n}"
+
+    def retained_key(self) -> tuple[str, str]:
+        return self.retained[next(self._counter) % RETAINED_KEYS]
+
+    def _body(self, key: str) -> bytes:
+        return json.dumps({"request_id": key, "input": self.input}).encode()
+
+    def _stdlib_post(self, workflow: str, key: str) -> tuple[int, bytes]:
+        self.stdlib.request(
+            "POST",
+            f"/api/workflows/{workflow}/signal/{SIGNAL}",
+            body=self._body(key),
+            headers={"Content-Type": "application/json", "X-Namespace": NAMESPACE},
+        )
+        response = self.stdlib.getresponse()
+        return response.status, response.read()
+
+    def _httpx_post(self, workflow: str, key: str) -> tuple[int, bytes]:
+        response = self.httpx.post(
+            f"/api/workflows/{workflow}/signal/{SIGNAL}", json={"request_id": key, "input": self.input}
+        )
+        return response.status_code, response.content
+
+    async def _app_call(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        # One request through the ASGI app as uvicorn would hand it over, with no socket.
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [
+                (b"host", b"127.0.0.1"),
+                (b"content-type", b"application/json"),
+                (b"x-namespace", NAMESPACE.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+            "client": ("127.0.0.1", 1),
+            "server": ("127.0.0.1", 2),
+        }
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            if pending:
+                return pending.pop()
+            await asyncio.Event().wait()  # the client never leaves
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await self.app(scope, receive, send)
+        return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+    async def _app_post(self, workflow: str, key: str) -> tuple[int, bytes]:
+        return await self._app_call("POST", f"/api/workflows/{workflow}/signal/{SIGNAL}", self._body(key))
+
+    def check_kept_alive(self) -> None:
+        """The stdlib client still talks on the socket it opened: no request reconnected."""
+        assert self.stdlib.sock is self._socket, "the server closed the keep-alive connection"
+
+    def _kept_alive(self, fn: Callable[[], object], seconds: float) -> float:
+        # uvicorn closes a connection idle for 5 s (its keep-alive timeout), and the other
+        # candidates run longer than that: connect anew before the run, outside the timing,
+        # then every call of the run must go over that one connection.
+        self.stdlib.close()
+        self.stdlib.connect()
+        self._socket = self.stdlib.sock
+        rate = run_for(fn, seconds)
+        self.check_kept_alive()
+        return rate
+
+    def candidates(self, measurement: str) -> dict[str, Candidate]:
+        """The candidates of ``measurement`` (fresh, retained or transport), by layer."""
+        if measurement == "transport":
+
+            def stdlib_404() -> None:
+                self.stdlib.request("GET", "/api/none")
+                self.stdlib.getresponse().read()
+
+            return {
+                "app": lambda s: self.loop.run(
+                    run_for_async(lambda: self._app_call("GET", "/api/none", b""), s)
+                ),
+                "stdlib": lambda s: self._kept_alive(stdlib_404, s),
+                "httpx": lambda s: run_for(lambda: self.httpx.get("/api/none"), s),
+            }
+        key = self.fresh_key if measurement == "fresh" else self.retained_key
+
+        def local() -> object:
+            workflow, k = key()
+            return self.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=k)
+
+        def awaited() -> Any:
+            workflow, k = key()
+            return self.async_service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=k)
+
+        return {
+            "in-process": lambda s: run_for(local, s),
+            "async": lambda s: self.loop.run(run_for_async(awaited, s)),
+            "app": lambda s: self.loop.run(run_for_async(lambda: self._app_post(*key()), s)),
+            "stdlib": lambda s: self._kept_alive(lambda: self._stdlib_post(*key()), s),
+            "httpx": lambda s: run_for(lambda: self._httpx_post(*key()), s),
+        }
+
+    def close(self) -> None:
+        self.httpx.close()
+        self.stdlib.close()
+        self.loop.run(self.async_service.store.dispose())
+        self.loop.close()
+        self.store.dispose()
+
+
 def prepare(url: str) -> None:
     engine = create_admission_engine(url)
     try:
@@ -194,54 +347,44 @@ def prepare(url: str) -> None:
         engine.dispose()
 
 
-def bench(
-    backend: str, url: str, tag: str, rounds: int, seconds: float
-) -> list[Row]:
+def bench(backend: str, url: str, tag: str, rounds: int, seconds: float) -> list[Row]:
     """Rows (backend, measurement, candidate, median ops/s, ratio, µs added) for one backend."""
     prepare(url)
-    with server(url) as base_url:
-        subject = Subject(url, base_url, tag)
+    with server(url) as port:
+        subject = Subject(url, port, tag)
         try:
-            candidates: dict[str, Callable[[], object]] = {
-                "fresh/in-process": subject.local_fresh,
-                "fresh/HTTP": subject.http_fresh,
-                "retained/in-process": subject.local_retained,
-                "retained/HTTP": subject.http_retained,
-                "round trip/HTTP": subject.http_round_trip,
+            candidates = {
+                (measurement, layer): fn
+                for measurement in ("fresh", "retained", "transport")
+                for layer, fn in subject.candidates(measurement).items()
             }
-            samples: dict[str, list[float]] = {name: [] for name in candidates}
+            samples: dict[tuple[str, str], list[float]] = {name: [] for name in candidates}
             names = list(candidates)
             for r in range(rounds):
                 for name in names if r % 2 == 0 else reversed(names):
-                    samples[name].append(run_for(candidates[name], seconds))
+                    samples[name].append(candidates[name](seconds))
         finally:
             subject.close()
     medians = {name: statistics.median(values) for name, values in samples.items()}
-    rows = []
+    rows: list[Row] = []
     for measurement in ("fresh", "retained"):
-        floor = medians[f"{measurement}/in-process"]
-        http = medians[f"{measurement}/HTTP"]
-        added = 1e6 / http - 1e6 / floor
-        rows.append((backend, measurement, "in-process service", floor, "floor", ""))
-        rows.append(
-            (
-                backend,
-                measurement,
-                "HTTP (uvicorn, httpx keep-alive)",
-                http,
-                f"{http / floor:.2f}x",
-                f"{added:,.0f}",
-            )
-        )
-    trip = medians["round trip/HTTP"]
-    rows.append((backend, "transport", "HTTP GET of an unknown route (404)", trip, "n/a", ""))
+        floor = medians[(measurement, "in-process")]
+        for layer, label in LAYERS:
+            ops = medians[(measurement, layer)]
+            if layer == "in-process":
+                rows.append((backend, measurement, label, ops, "floor", ""))
+            else:
+                added = 1e6 / ops - 1e6 / floor
+                rows.append((backend, measurement, label, ops, f"{ops / floor:.2f}x", f"{added:,.0f}"))
+    for layer, label in TRANSPORT:
+        rows.append((backend, "transport", label, medians[("transport", layer)], "n/a", ""))
     return rows
 
 
 def print_rows(rows: list[Row], markdown: bool) -> None:
     header = (
         "backend", "measurement", "candidate", "median ops/s", "median µs/op", "ratio to in-process",
-        "µs added by HTTP",
+        "µs added to in-process",
     )  # fmt: skip
     lines = [
         (b, m, c, f"{ops:,.0f}", f"{1e6 / ops:,.0f}", ratio, added) for b, m, c, ops, ratio, added in rows
@@ -255,6 +398,17 @@ def print_rows(rows: list[Row], markdown: bool) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *lines, strict=False)]
     for line in (header, *lines):
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
+
+
+def _parser() -> str:
+    # What uvicorn's "auto" picks in the server: httptools when installed, else h11.
+    try:
+        import httptools
+    except ImportError:
+        import h11
+
+        return f"h11 {h11.__version__}"
+    return f"httptools {httptools.__version__}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -277,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# python {platform.python_version()}, admission {admission.__version__}, "
         f"fastapi {fastapi.__version__}, "
-        f"uvicorn {uvicorn.__version__}, httpx {httpx.__version__}, {os.cpu_count()} CPUs, "
+        f"uvicorn {uvicorn.__version__} (HTTP parser: {_parser()}), httpx {httpx.__version__}, "
+        f"{os.cpu_count()} CPUs, "
         f"rounds={args.rounds}, seconds={args.seconds:g}"
     )
     rows: list[Row] = []

@@ -62,6 +62,7 @@ from admission.errors import (
 )
 from admission.http._auth import install_gate
 from admission.http._codecs import Codec, default_codecs
+from admission.http._direct import DirectAdmissions
 from admission.http._lifecycle import install_lifecycle_routes
 from admission.http._limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_WAITS, BodyLimit, check_max_body_bytes
 from admission.http._serving import awaited
@@ -102,6 +103,9 @@ MAX_WAIT_SECONDS: Final = 60.0
 """The longest ``wait_timeout_seconds`` an update may ask for."""
 DEFAULT_WAIT_SECONDS: Final = 10.0
 """How long an update with ``wait_for: "completed"`` waits unless it says otherwise."""
+DIRECT_PATH = True
+"""Whether apps made from now on answer common admission requests without the framework's
+per-request work (``_direct``); the tests turn it off to compare both paths."""
 
 
 # -- bodies --------------------------------------------------------------------------------
@@ -303,7 +307,10 @@ def create_app(
         description="Safe retries of signals and updates: command keys, intent digests, retained receipts.",
     )
     app.state.waits = waits
-    # Added first, so innermost: the gate's 401 comes before a body is read, and a
+    if DIRECT_PATH:
+        # Innermost: the common admission request skips the framework's per-request work (_direct).
+        app.add_middleware(DirectAdmissions, routes=app.router.routes, handlers=app.exception_handlers)
+    # Added before the gate, so inside it: the gate's 401 comes before a body is read, and a
     # 413 still echoes X-Request-Id.
     app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     install_gate(app, authorize)

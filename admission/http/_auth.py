@@ -64,7 +64,7 @@ def principal_in(scope: MutableMapping[str, Any]) -> Principal | None:
     return value if isinstance(value, Principal) else None
 
 
-def request_namespace(
+async def request_namespace(
     request: Request,
     _header: Annotated[
         str | None,
@@ -74,7 +74,10 @@ def request_namespace(
     """A route's dependency: the namespace the gate decoded.
 
     The header is declared for the OpenAPI document; its value is the gate's,
-    percent-decoded and never read as Latin-1.
+    percent-decoded and never read as Latin-1.  It is ``async`` although it
+    awaits nothing: the framework runs a plain function dependency on its
+    thread pool, and that hop, on every request, cost more than the retained
+    admission itself.
     """
     return namespace_in(request.scope, DEFAULT_NAMESPACE)
 

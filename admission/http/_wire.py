@@ -25,6 +25,8 @@ __all__ = [
     "NamespaceHeader",
     "WorkflowIdPath",
     "error_response",
+    "refuse_constant",
+    "refuse_duplicates",
     "strict_body",
 ]
 
@@ -84,7 +86,8 @@ def error_response(status: int, reason: str, message: str, **extra: object) -> J
     return JSONResponse(body, status_code=status)
 
 
-def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: an object, refused if a member name repeats."""
     result: dict[str, Any] = {}
     for key, value in pairs:
         if key in result:
@@ -93,7 +96,8 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def _refuse_constant(name: str) -> float:
+def refuse_constant(name: str) -> float:
+    """``json.loads``'s ``parse_constant``: ``NaN`` and ``Infinity`` are not JSON."""
     raise InvalidValueError(f"{name} is not JSON", field="body", path="")
 
 
@@ -105,7 +109,7 @@ async def strict_body(request: Request) -> None:
     raw = await request.body()
     if raw.strip():
         try:
-            json.loads(raw, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant)
+            json.loads(raw, object_pairs_hook=refuse_duplicates, parse_constant=refuse_constant)
         except (ValueError, RecursionError) as exc:
             if isinstance(exc, InvalidValueError):
                 raise

@@ -63,3 +63,30 @@ def test_the_async_service_runs_on_the_loop_and_a_sync_one_on_threads(kind: str)
 def test_a_service_of_another_kind_is_refused() -> None:
     with pytest.raises(TypeError, match="AsyncAdmissionService"):
         create_app(object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_with_the_async_service_no_request_hops_to_a_thread(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A hop costs a thread wake-up each way, more than a retained admission on a busy
+    # machine: the app's own dependencies (the namespace, the strict parse) are async.
+    import anyio.to_thread
+
+    hops: list[str] = []
+    run_sync = anyio.to_thread.run_sync
+
+    async def counted(func: Callable[..., object], *args: object, **kwargs: object) -> object:
+        hops.append(getattr(func, "__qualname__", repr(func)))
+        return await run_sync(func, *args, **kwargs)
+
+    monkeypatch.setattr(anyio.to_thread, "run_sync", counted)
+    sync = AdmissionService(MemoryStore())
+    service = AsyncAdmissionService(sync.store) if kind == "async" else sync
+    client = TestClient(create_app(service), raise_server_exceptions=False, headers={"X-Namespace": "ns"})
+    assert client.post("/api/workflows/wf/runs", json={}).status_code == 201
+    exercise(client)
+    if kind == "async":
+        assert hops == []
+    else:  # the same count sees the synchronous service's calls
+        assert hops

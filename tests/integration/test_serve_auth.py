@@ -253,3 +253,43 @@ def test_neither_the_token_nor_its_hash_reaches_the_servers_output(tmp_path: Pat
     assert '"POST /api/workflows/wf-1/signal/go HTTP/1.1" 403' in out, out
     for secret in (token, token_digest(token), token[4:]):
         assert secret not in first + out + err
+
+
+def test_serve_keeps_the_connection_alive_across_admissions_and_refusals(tmp_path: Path) -> None:
+    # One socket for every request: an admission, its retry (both on the direct path)
+    # and a refusal the framework answers (duplicate members), in that order.
+    import http.client
+
+    url = sqlite_url(tmp_path)
+    store = SqlStore.open(url)
+    try:
+        AdmissionService(store).start_run("default", "wf-1")
+    finally:
+        store.dispose()
+    with serving(url) as (base, _announced):
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            connection.connect()
+            opened = connection.sock
+            answers = []
+            for body in (
+                b'{"request_id": "k1"}',
+                b'{"request_id": "k1"}',
+                b'{"request_id": "a", "request_id": "b"}',
+            ):
+                connection.request(
+                    "POST",
+                    "/api/workflows/wf-1/signal/go",
+                    body=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                response = connection.getresponse()
+                answers.append((response.status, json.loads(response.read())))
+                assert response.getheader("connection") != "close"
+            assert connection.sock is opened, "a request went over a new connection"
+        finally:
+            connection.close()
+    assert [status for status, _ in answers] == [202, 202, 422]
+    assert [answers[0][1]["retained"], answers[1][1]["retained"]] == [False, True]
+    assert answers[2][1]["field"] == "body"
