@@ -127,7 +127,7 @@ NAMESPACE = "bench"
 SIGNAL = "payment_received"
 ARGUMENTS = {"order_id": "ord-2026-000417", "amount": 4250, "currency": "EUR", "final": True}
 INSTANCES = 16
-RETAINED_KEYS = 256
+RETAINED_KEYS = 256  # per subject; --keys
 PROCESSES = (1, 4, 8)
 FLOOR_COMMANDS = "bench_floor_commands"
 FLOOR_EVENTS = "bench_floor_events"
@@ -853,7 +853,7 @@ def bench_processes(url: str, tag: str, rounds: int, seconds: float, postmaster:
 # Flat as the data grows: a loaded database beside an empty one
 # --------------------------------------------------------------------------
 
-GROWTH_INSTANCES = 256
+GROWTH_INSTANCES = 256  # instances admitted to in the growth part; --keys
 
 
 @dataclass
@@ -1318,6 +1318,7 @@ def _parts(value: str) -> set[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RETAINED_KEYS, GROWTH_INSTANCES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--seconds", type=float, default=1.0, help="seconds per candidate and round (default 1)"
@@ -1343,7 +1344,14 @@ def main(argv: list[str] | None = None) -> int:
         help="fresh admissions (and floor transactions) after a CHECKPOINT, for WAL per admission "
         "(default 2,000)",
     )
+    parser.add_argument(
+        "--keys",
+        type=int,
+        default=RETAINED_KEYS,
+        help="retained keys per candidate, and instances admitted to in the growth part (default 256)",
+    )
     args = parser.parse_args(argv)
+    RETAINED_KEYS = GROWTH_INSTANCES = args.keys
     parts = (set(PARTS) if args.only is None else args.only) - args.skip
     backends = ("sqlite", "postgresql") if args.backend == "all" else (args.backend,)
     if args.pg_url is not None and "growth" in parts:

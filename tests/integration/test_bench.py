@@ -42,7 +42,7 @@ def test_the_benchmark_starts_as_a_script(name: str, tmp_path: Path) -> None:
 def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "sqlite", "--rounds", "1",
-         "--seconds", "0.02", "--big-receipts", "300", "--skip", "http"],
+         "--seconds", "0.02", "--big-receipts", "300", "--keys", "4", "--skip", "http"],
         capture_output=True,
         text=True,
         timeout=300,
