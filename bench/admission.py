@@ -1087,7 +1087,7 @@ def bench_batch(
     if has_async:
         rows.insert(
             1,
-            Row(backend, measurement, f"admit_many, {ASYNC}", per_command(samples["many async"]),
+            Row(backend, measurement, "admit_many, async", per_command(samples["many async"]),
                 samples["single"],
                 "signal"),
         )  # fmt: skip
