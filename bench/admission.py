@@ -433,6 +433,11 @@ class Subject:
 
         return timed
 
+    def warm(self, seconds: float) -> None:
+        """Warm every cache (SQLAlchemy's compiled cache, prepared statements, pages) for each candidate."""
+        for fn in (self.admit_fresh, self.floor_fresh, self.admit_retained, self.floor_point_select):
+            run_for(fn, min(0.3, seconds))
+
     def floor_point_select(self) -> None:
         _, _, instance_id, token, _ = self.retained[next(self._point) % len(self.retained)]
         self._read_cursor.execute(self._select, (instance_id, "signal", token))
@@ -645,15 +650,8 @@ def bench_single(
     signal = Subject(backend, url, tag)
     command = Subject(backend, url, f"{tag}-c", payload="command", asynchronous=False)
     try:
-        # Warm every cache (SQLAlchemy's compiled cache, prepared statements, pages).
         for subject in (signal, command):
-            for fn in (
-                subject.admit_fresh,
-                subject.floor_fresh,
-                subject.admit_retained,
-                subject.floor_point_select,
-            ):
-                run_for(fn, min(0.3, seconds))
+            subject.warm(seconds)
         fresh_async = signal.awaited(signal.admit_fresh_async)
         retained_async = signal.awaited(signal.admit_retained_async)
         for timed in (fresh_async, retained_async):
@@ -943,13 +941,7 @@ def bench_growth(
     )
     try:
         for subject in (empty, big):
-            for fn in (
-                subject.admit_fresh,
-                subject.floor_fresh,
-                subject.admit_retained,
-                subject.floor_point_select,
-            ):
-                run_for(fn, min(0.3, seconds))
+            subject.warm(seconds)
         results = {}
         for measurement, admit, floor in (
             ("fresh", Subject.admit_fresh, Subject.floor_fresh),
