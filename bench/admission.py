@@ -1299,6 +1299,11 @@ PARTS = ("main", "processes", "batch", "growth", "http")
 the loaded database (build, growth, bytes per receipt, WAL from outside); bench/http.py."""
 
 
+def progress(started: float, what: str) -> None:
+    """A line on stderr as each part ends: a long run shows where it is (the report comes at the end)."""
+    print(f"# {time.monotonic() - started:,.0f} s: {what}", file=sys.stderr, flush=True)
+
+
 def _parts(value: str) -> set[str]:
     chosen = {p.strip() for p in value.split(",") if p.strip()}
     unknown = chosen - set(PARTS)
@@ -1390,14 +1395,17 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     results.rows += backend_rows
                     notes += backend_notes
+                    progress(started, f"{backend} fresh and retained done")
                 if "batch" in parts:
                     backend_rows, backend_notes = bench_batch(
                         backend, url, tag, args.rounds, args.seconds, pm
                     )
                     results.rows += backend_rows
                     notes += backend_notes
+                    progress(started, f"{backend} batch done")
                 if backend == "postgresql" and "processes" in parts:
                     results.processes = bench_processes(url, tag, args.rounds, args.seconds, postmaster)
+                    progress(started, "postgresql processes done")
             if "growth" in parts:
                 pairs: dict[str, tuple[str, str]] = {}
                 for backend in urls:
@@ -1414,6 +1422,7 @@ def main(argv: list[str] | None = None) -> int:
                     pairs[backend] = pair
                 built, build_notes = build_big(pairs, tag, args.big_receipts)
                 notes += build_notes
+                progress(started, "loaded databases built and checked")
                 results.receipt_bytes = {
                     b: _bigdb.receipt_bytes(pair[1], built[b].receipts)[0] for b, pair in pairs.items()
                 }
@@ -1427,6 +1436,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.wal = wal_outside(
                         pairs["postgresql"][1], built["postgresql"], tag, args.wal_admissions
                     )
+                progress(started, "growth done")
             if "http" in parts:
                 http_url = None
                 if server is not None:
@@ -1434,6 +1444,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.pg_url is not None:
                     http_url = args.pg_url
                 http_output = run_http(args, http_url)
+                progress(started, "bench/http.py done")
         finally:
             if server is not None:
                 server.stop()
