@@ -4,7 +4,10 @@ Run as a script, ``bench/`` is the first entry of ``sys.path``, where
 ``bench/admission.py`` would shadow the package; each script must still
 import admission itself.  Only ``--help`` is run: speed is measured by the
 benchmarks, never asserted by tests.  The ``test`` extra installs the
-digest benchmark's peers, so every script is checked.
+digest benchmark's peers, so every script is checked.  Modules named ``_*`` are
+parts of a script, not scripts.  The admission benchmark also runs once,
+on SQLite with tiny sizes, as a check of its harness (the loaded database is
+read back through the service), not of speed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py"))
+SCRIPTS = sorted(p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_"))
 
 
 def test_every_benchmark_is_listed() -> None:
@@ -34,3 +37,19 @@ def test_the_benchmark_starts_as_a_script(name: str, tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "sqlite", "--rounds", "1",
+         "--seconds", "0.02", "--big-receipts", "300", "--keys", "4", "--skip", "http"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "sqlite loaded database checked: 3 loaded keys retried" in out
+    for goal in ("fresh (command", "retained (signal", "fresh at the loaded size", "bytes per receipt"):
+        assert f"# goal: sqlite {goal}" in out, out
