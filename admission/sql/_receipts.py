@@ -15,10 +15,10 @@ Driver errors become admission errors at the one boundary,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.engine import Connection
@@ -83,6 +83,8 @@ from admission.sql._schema import (
 from admission.sql._sqlite_file import verify_file
 
 __all__ = ["SqlStore"]
+
+T = TypeVar("T")
 
 
 async def _pipelined(
@@ -431,22 +433,16 @@ class SqlStore:
         return lookup.fetched(lookup_cursor)
 
     @contextmanager
-    def _locked(
-        self,
-        namespace: str,
-        workflow_id: str,
-        created_at: datetime,
-        new_id: str,
-        connection: Connection | None,
-    ) -> Iterator[LockedInstance]:
+    def _held(self, connection: Connection | None, take: Callable[[Connection], T]) -> Iterator[T]:
+        """A transaction, the caller's or the store's own, with ``take`` run first in it (the locks)."""
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with self._translate():
                 join_transaction(connection)
-                yield self._lock(connection, namespace, workflow_id, created_at, new_id)
+                yield take(connection)
             return
         with self._translate(), self._kept.transaction(self.engine, self._write_engine) as conn:
-            yield self._lock(conn, namespace, workflow_id, created_at, new_id)
+            yield take(conn)
 
     def locked(
         self,
@@ -466,7 +462,26 @@ class SqlStore:
         committed nor rolled back here.
         """
         joined = None if connection is None else caller_connection(self.engine, connection)
-        return self._locked(namespace, workflow_id, created_at, new_id, joined)
+        return self._held(joined, lambda conn: self._lock(conn, namespace, workflow_id, created_at, new_id))
+
+    def locked_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        *,
+        created_at: datetime,
+        new_ids: Sequence[str],
+        connection: object | None = None,
+    ) -> AbstractContextManager[Mapping[tuple[str, str], LockedInstance]]:
+        """Open one transaction holding the admission locks of several instances, taken in
+        sorted order of the keys (see :meth:`~admission.receipts.Store.locked_many`)."""
+        joined = None if connection is None else caller_connection(self.engine, connection)
+        # Each lock as a single admission takes it, in key order on one connection:
+        # on PostgreSQL no two batches can then wait on each other in a cycle; on
+        # SQLite BEGIN IMMEDIATE already holds the write lock, and the rest only read.
+        ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
+        return self._held(
+            joined, lambda conn: {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}
+        )
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
         """Read an instance without locking it."""
