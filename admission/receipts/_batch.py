@@ -10,8 +10,11 @@ and writes nothing, the others go on.  The valid items are then admitted in
 one transaction that holds every instance's admission lock, taken in one
 order (sorted by namespace and workflow id), so two batches never deadlock;
 each item is decided under the lock by the same code as a single admission
-inside a caller's transaction (its key looked up under the lock, then the
-insert).  One commit, and on SQLite and PostgreSQL one flush to disk, serves
+inside a caller's transaction (its key judged from what is stored under it,
+then the insert).  The keys are read under the locks before anything is
+written, with one lookup per instance and command type; an item whose key an
+earlier item of the batch has used is looked up again, so it is that item's
+retry.  One commit, and on SQLite and PostgreSQL one flush to disk, serves
 the whole batch: that is what makes it faster than one call per command.
 
 Pure: no SQLAlchemy, no clock (the service's clock is passed in).
@@ -19,14 +22,15 @@ Pure: no SQLAlchemy, no clock (the service's clock is passed in).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from admission.errors import AdmissionError, InputError, InvalidCommandTypeError
+from admission.receipts._answers import judge_locked
 from admission.receipts._rules import Admission, CommandType, Intent
-from admission.receipts._store import LockedInstance, Store
+from admission.receipts._store import CommandRow, LockedInstance, Store
 
 __all__ = ["BatchAdmission", "BatchCommand", "Prepared"]
 
@@ -115,13 +119,38 @@ class BatchAdmission:
             keys = sorted({(item.namespace, item.workflow_id) for _, item in ready})
             new_ids = [self._new_id() for _ in keys]
             with self.store.locked_many(keys, created_at=now, new_ids=new_ids, connection=connection) as held:
+                found = _stored_under_keys(held, [item for _, item in ready])
+                written: set[tuple[str, str, str, str]] = set()
                 for index, item in ready:
-                    # No unlocked read before: each key is looked up under the lock, so an
-                    # earlier item of this batch is seen as any committed receipt is.
-                    answers[index] = self._place(
-                        held[(item.namespace, item.workflow_id)], item, now, read_before=False
-                    )
+                    answers[index] = self._admit_held(held, item, now, found, written)
         return [answer for answer in answers if answer is not None]
+
+    def _admit_held(
+        self,
+        held: Mapping[tuple[str, str], LockedInstance],
+        item: Prepared,
+        now: datetime,
+        found: Mapping[tuple[str, str, str], Sequence[CommandRow]],
+        written: set[tuple[str, str, str, str]],
+    ) -> Admission:
+        """One item, under the locks: its key judged as a single admission judges it under the lock."""
+        tx = held[(item.namespace, item.workflow_id)]
+        if item.key is None or item.token is None:
+            return self._place(tx, item, now, read_before=True)
+        group = (item.namespace, item.workflow_id, item.command_type)
+        ids = (item.token, item.key)
+        if any((*group, value) in written for value in ids):
+            # An earlier item of the batch may have written under this key since the
+            # lookup: read it again, under the lock, as its retry must see it.
+            answer = self._place(tx, item, now, read_before=False)
+        else:
+            # Nothing of the batch is under this key yet: the rows found under the lock are
+            # all there are, and a key they do not answer goes straight to the insert.
+            rows = [row for row in found.get(group, ()) if row.request_id in ids]
+            known = judge_locked(tx, rows, item.intent, item.key, item.token)
+            answer = known if known is not None else self._place(tx, item, now, read_before=True)
+        written.add((*group, item.token))
+        return answer
 
     def _prepare_command(self, command: object) -> Prepared:
         if not isinstance(command, BatchCommand):
@@ -137,3 +166,20 @@ class BatchAdmission:
             command.request_id,
             command.run_id,
         )
+
+
+def _stored_under_keys(
+    held: Mapping[tuple[str, str], LockedInstance], items: Sequence[Prepared]
+) -> dict[tuple[str, str, str], list[CommandRow]]:
+    """The stored commands under the keyed items' keys (tokens and raw keys), read under the
+    locks with one lookup per instance and command type, before the batch writes anything."""
+    wanted: dict[tuple[str, str, str], list[str]] = {}
+    for item in items:
+        if item.key is not None and item.token is not None:
+            wanted.setdefault((item.namespace, item.workflow_id, item.command_type), []).extend(
+                (item.token, item.key)
+            )
+    return {
+        (ns, wf, kind): held[(ns, wf)].find_commands(kind, list(dict.fromkeys(values)))
+        for (ns, wf, kind), values in wanted.items()
+    }

@@ -39,6 +39,7 @@ from admission.receipts._answers import (
     answer,
     answer_judgement,
     context_of,
+    judge_locked,
     stored_receipt,
 )
 from admission.receipts._batch import BatchAdmission, Prepared
@@ -99,19 +100,7 @@ def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
 
 
 def _judge_key(tx: LockedInstance, intent: Intent, key: str, token: str) -> Admission | None:
-    rows = tx.find_commands(intent.command_type, [token, key])
-    judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
-    if judgement.decision is None:
-        return None
-    return answer_judgement(
-        tx.instance.namespace,
-        tx.instance.workflow_id,
-        judgement,
-        rows,
-        tx.update_for_command,
-        key,
-        intent.command_type,
-    )
+    return judge_locked(tx, tx.find_commands(intent.command_type, [token, key]), intent, key, token)
 
 
 def _judge_committed(

@@ -60,6 +60,7 @@ from admission.sql._receipt_queries import (
     ReceiptStatements,
     command_of_columns,
     command_row,
+    commands_by_keys,
     current_run_row,
     event_row,
     fields_of,
@@ -131,15 +132,16 @@ class _SqlLocked:
         return self._current
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        if len(request_ids) > 2:  # a batch's lookup of all its keys at once
+            found = self._conn.execute(
+                commands_by_keys(request_ids, self._postgres),
+                {"iid": self._instance.id, "command_type": command_type},
+            )
+            return [command_row(r) for r in found.mappings()]
         values = key_values(request_ids, self._postgres)
         if values is None:
             return []
-        params = {
-            "iid": self._instance.id,
-            "command_type": command_type,
-            "token": values[0],
-            "raw": values[1],
-        }
+        params = dict(iid=self._instance.id, command_type=command_type, token=values[0], raw=values[1])
         rows = [(command_row(r), None) for r in self._raw.commands_by_key.rows(self._cursor, params)]
         return [command for command, _ in (receipt_order(rows) if len(rows) > 1 else rows)]
 
@@ -472,12 +474,10 @@ class SqlStore:
         new_ids: Sequence[str],
         connection: object | None = None,
     ) -> AbstractContextManager[Mapping[tuple[str, str], LockedInstance]]:
-        """Open one transaction holding the admission locks of several instances, taken in
-        sorted order of the keys (see :meth:`~admission.receipts.Store.locked_many`)."""
+        """One transaction holding several instances' locks (:meth:`Store.locked_many`)."""
         joined = None if connection is None else caller_connection(self.engine, connection)
-        # Each lock as a single admission takes it, in key order on one connection:
-        # on PostgreSQL no two batches can then wait on each other in a cycle; on
-        # SQLite BEGIN IMMEDIATE already holds the write lock, and the rest only read.
+        # In key order, so no two batches wait on each other in a cycle (on SQLite
+        # BEGIN IMMEDIATE already holds the write lock, and the rest only read).
         ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
         return self._held(
             joined, lambda conn: {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}

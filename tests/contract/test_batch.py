@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission.errors import AdmissionError, InputError, InvalidCommandTypeError
+from admission.intent import receipt_token
 from admission.receipts import Admission, AdmissionService, BatchCommand, Decision, MemoryStore, Store
 from admission.sql import SqlStore
 
@@ -39,6 +40,9 @@ def prepare(service: AdmissionService, ns: str) -> None:
     service.admit_update(ns, "continued", "a", [1], request_id="k1")
 
 
+TOKENS = (receipt_token("signal", "k2"), receipt_token("update", "k2"))
+"""Keys that spell another key's stored token: a lookup by raw key finds that key's receipt."""
+
 # A command as drawn: (type, workflow, name, arguments, key, run).  The run is a suffix
 # resolved in each example's namespace: None (the instance), "1", "2" or "9" (no such run).
 Drawn = tuple[str, str, str, object, str | None, str | None]
@@ -48,7 +52,7 @@ commands = st.tuples(
     st.sampled_from(WORKFLOWS),
     st.sampled_from(["a", "b", ""]),
     st.sampled_from([[1], [2], {"x": float("nan")}]),
-    st.sampled_from([None, "k1", "k2", "k3", "", "workflow-signal:x"]),
+    st.sampled_from([None, "k1", "k2", "k3", "", "workflow-signal:x", *TOKENS]),
     st.sampled_from([None, None, "1", "2", "9"]),
 )
 """Names "" and arguments holding NaN are refused, keys "" and (on a signal) "workflow-signal:x" too."""
