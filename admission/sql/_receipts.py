@@ -50,6 +50,7 @@ from admission.sql._pooler import pooler_of
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND,
+    COMMANDS_BY_KEYS,
     INSERT_COMMAND,
     INSERT_RUN,
     INSERT_UPDATE,
@@ -60,7 +61,6 @@ from admission.sql._receipt_queries import (
     ReceiptStatements,
     command_of_columns,
     command_row,
-    commands_by_keys,
     current_run_row,
     event_row,
     fields_of,
@@ -70,6 +70,7 @@ from admission.sql._receipt_queries import (
     receipt_order,
     run_row,
     update_row,
+    wanted_keys,
 )
 from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
 from admission.sql._retention import expired_ends, latest_time, newest_time
@@ -133,10 +134,9 @@ class _SqlLocked:
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
         if len(request_ids) > 2:  # a batch's lookup of all its keys at once
-            found = self._conn.execute(
-                commands_by_keys(request_ids, self._postgres),
-                {"iid": self._instance.id, "command_type": command_type},
-            )
+            wanted = wanted_keys(request_ids, self._postgres)
+            params = {"iid": self._instance.id, "command_type": command_type, "request_ids": wanted}
+            found = self._conn.execute(COMMANDS_BY_KEYS, params)
             return [command_row(r) for r in found.mappings()]
         values = key_values(request_ids, self._postgres)
         if values is None:
