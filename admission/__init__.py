@@ -75,7 +75,7 @@ from admission.intent import (
     receipt_token,
     validate_request_id,
 )
-from admission.receipts import Admission, AdmissionService, Decision, MemoryStore, Once
+from admission.receipts import Admission, AdmissionService, BatchCommand, Decision, MemoryStore, Once
 
 if TYPE_CHECKING:
     from admission.sql import SqlStore
@@ -99,6 +99,7 @@ __all__ = [
     "Admission",
     "AdmissionError",
     "AdmissionService",
+    "BatchCommand",
     "BeforeWriteError",
     "CodecError",
     "CommandKeyError",

@@ -39,6 +39,7 @@ SPANS: Final = (
     "admission.start_run",
     "admission.admit_signal",
     "admission.admit_update",
+    "admission.admit_many",
     "admission.complete_update",
     "admission.fail_update",
     "admission.close_run",
@@ -59,6 +60,8 @@ ATTRIBUTES: Final = (
     "admission.name",
     "admission.decision",
     "admission.outcome",
+    "admission.batch.size",
+    "admission.batch.refused",
     "admission.close_status",
     "admission.prune.chains",
     "admission.prune.done",
@@ -262,6 +265,21 @@ class Timer:
         seconds = time.perf_counter() - self._start
         found.admit_duration.record(
             seconds, {"admission.command_type": command_type, "error.type": type(error).__name__}
+        )
+
+
+def batch_answered(command_type: str, decision: str, outcome: str) -> None:
+    """Count one answered command of a batch (``admit_many``): in the admissions counter, not in
+    the duration histogram, whose every value is the time of one admit call."""
+    found = _lookup()
+    if found is not None:
+        found.admissions.add(
+            1,
+            {
+                "admission.command_type": command_type,
+                "admission.decision": decision,
+                "admission.outcome": outcome,
+            },
         )
 
 

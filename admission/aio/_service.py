@@ -79,6 +79,7 @@ class AsyncAdmissionService:
     apply_signal = awaiting(AdmissionService.apply_signal)
     admit_signal = awaiting(AdmissionService.admit_signal)
     admit_update = awaiting(AdmissionService.admit_update)
+    admit_many = awaiting(AdmissionService.admit_many)
     complete_update = awaiting(AdmissionService.complete_update)
     fail_update = awaiting(AdmissionService.fail_update)
     release_update = awaiting(AdmissionService.release_update)

@@ -3,10 +3,12 @@
 ``AdmissionService`` admits signals and updates under command keys on any
 ``Store`` (``MemoryStore`` here, ``admission.sql.SqlStore`` on SQLite or
 PostgreSQL) and answers with a typed ``Admission`` (contract §4, §5).
-``Once`` runs a handler once per command key on top of it (``docs/once.md``).
+``admit_many`` admits a list of ``BatchCommand`` in one transaction, each answered as if
+admitted alone.  ``Once`` runs a handler once per command key on top of it (``docs/once.md``).
 """
 
 from admission.receipts._answers import HistoryEvent, PruneReport, RunInfo
+from admission.receipts._batch import BatchCommand
 from admission.receipts._memory import MemoryStore
 
 # _observed wraps the service's writing methods with spans, metrics and log lines (docs/observability.md).
@@ -62,6 +64,7 @@ __all__ = [
     "Admission",
     "AdmissionService",
     "Attempt",
+    "BatchCommand",
     "CommandRow",
     "CommandType",
     "Decision",

@@ -21,9 +21,11 @@ from admission.receipts._rules import (
     Admission,
     CommandType,
     Decision,
+    Intent,
     ReceiptJudgement,
     StoredReceipt,
     json_value,
+    judge_receipts,
 )
 from admission.receipts._store import CommandRow, LockedInstance, PruneCounts, RunRow, UpdateRow
 
@@ -39,6 +41,7 @@ __all__ = [
     "command_payload",
     "context_of",
     "is_final",
+    "judge_locked",
     "literal_key",
     "plainly_retained",
     "row_outcome",
@@ -386,3 +389,22 @@ def command_payload(row: CommandRow, key: str | None) -> dict[str, object]:
     if row.rejection_reason is not None:
         payload["reason"] = row.rejection_reason
     return payload
+
+
+def judge_locked(
+    tx: LockedInstance, rows: Sequence[CommandRow], intent: Intent, key: str, token: str
+) -> Admission | None:
+    """The answer the rows stored under a key give, read under the instance's lock (``None``: no
+    receipt answers the key, and the command is decided afresh)."""
+    judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
+    if judgement.decision is None:
+        return None
+    return answer_judgement(
+        tx.instance.namespace,
+        tx.instance.workflow_id,
+        judgement,
+        rows,
+        tx.update_for_command,
+        key,
+        intent.command_type,
+    )

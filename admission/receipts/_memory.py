@@ -11,7 +11,7 @@ Pure: no SQLAlchemy, no clock, no I/O.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -190,6 +190,16 @@ class _MemoryLocked:
         return PruneCounts(len(runs), len(commands), len(updates), events)
 
 
+def _instance_in(t: _Tables, namespace: str, workflow_id: str, created_at: datetime, new_id: str) -> str:
+    """The id of an instance of ``t``, its row created (with ``new_id``) if it does not exist."""
+    instance_id = t.instance_keys.get((namespace, workflow_id))
+    if instance_id is None:
+        instance_id = new_id
+        t.instances[new_id] = InstanceRow(new_id, namespace, workflow_id, None, created_at)
+        t.instance_keys[(namespace, workflow_id)] = new_id
+    return instance_id
+
+
 class MemoryStore:
     """A complete in-memory :class:`Store`: one lock, copy-on-begin transactions.
 
@@ -207,12 +217,7 @@ class MemoryStore:
     ) -> Iterator[LockedInstance]:
         with self._lock:
             working = self._tables.copy()
-            instance_id = working.instance_keys.get((namespace, workflow_id))
-            if instance_id is None:
-                instance_id = new_id
-                working.instances[new_id] = InstanceRow(new_id, namespace, workflow_id, None, created_at)
-                working.instance_keys[(namespace, workflow_id)] = new_id
-            yield _MemoryLocked(working, instance_id)
+            yield _MemoryLocked(working, _instance_in(working, namespace, workflow_id, created_at, new_id))
             # Reached only without an exception: the transaction commits.
             self._tables = working
 
@@ -229,6 +234,36 @@ class MemoryStore:
         if connection is not None:
             raise InputError("a MemoryStore takes no caller's transaction", field="connection")
         return self._transaction(namespace, workflow_id, created_at, new_id)
+
+    def locked_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        *,
+        created_at: datetime,
+        new_ids: Sequence[str],
+        connection: object | None = None,
+    ) -> AbstractContextManager[Mapping[tuple[str, str], LockedInstance]]:
+        """Open one transaction on several instances (see :meth:`Store.locked_many`)."""
+        if connection is not None:
+            raise InputError("a MemoryStore takes no caller's transaction", field="connection")
+        return self._transaction_many(keys, created_at, new_ids)
+
+    @contextmanager
+    def _transaction_many(
+        self, keys: Sequence[tuple[str, str]], created_at: datetime, new_ids: Sequence[str]
+    ) -> Iterator[Mapping[tuple[str, str], LockedInstance]]:
+        # One lock covers every instance here; the order is the port's all the same.
+        ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
+        with self._lock:
+            working = self._tables.copy()
+            held: dict[tuple[str, str], LockedInstance] = {}
+            for (namespace, workflow_id), new_id in ordered:
+                held[(namespace, workflow_id)] = _MemoryLocked(
+                    working, _instance_in(working, namespace, workflow_id, created_at, new_id)
+                )
+            yield held
+            # Reached only without an exception: the transaction commits.
+            self._tables = working
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
         """Read an instance without locking it."""

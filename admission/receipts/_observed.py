@@ -105,6 +105,28 @@ def _admit(command_type: CommandType, method: Method[Admission]) -> Method[Admis
     return admit
 
 
+def _admit_many(method: Method[list[Admission | AdmissionError]]) -> Method[list[Admission | AdmissionError]]:
+    @functools.wraps(method)
+    def admit_many(self: AdmissionService, *args: Any, **kwargs: Any) -> list[Admission | AdmissionError]:
+        with telemetry.span("admission.admit_many", {}) as span:
+            try:
+                answers = method(self, *args, **kwargs)
+            except BaseException as exc:
+                _refused("admit_many", exc)
+                raise
+            refused = 0
+            for answer in answers:
+                if isinstance(answer, Admission):
+                    telemetry.batch_answered(answer.command_type, str(answer.decision), answer.outcome)
+                else:
+                    refused += 1
+            span.set({"admission.batch.size": len(answers), "admission.batch.refused": refused})
+            _log.debug("admit_many: %d commands, %d refused", len(answers), refused)
+            return answers
+
+    return admit_many
+
+
 def _finish(operation: str, method: Method[Admission]) -> Method[Admission]:
     @functools.wraps(method)
     def finish(self: AdmissionService, *args: Any, **kwargs: Any) -> Admission:
@@ -183,6 +205,7 @@ def _observe(cls: type[AdmissionService]) -> None:
         return
     cls.admit_signal = _admit("signal", cls.admit_signal)  # type: ignore[method-assign]
     cls.admit_update = _admit("update", cls.admit_update)  # type: ignore[method-assign]
+    cls.admit_many = _admit_many(cls.admit_many)  # type: ignore[method-assign]
     cls.complete_update = _finish("complete_update", cls.complete_update)  # type: ignore[method-assign]
     cls.fail_update = _finish("fail_update", cls.fail_update)  # type: ignore[method-assign]
     cls.start_run = _run("start_run", cls.start_run)  # type: ignore[method-assign]

@@ -39,9 +39,11 @@ from admission.receipts._answers import (
     answer,
     answer_judgement,
     context_of,
+    judge_locked,
     plainly_retained,
     stored_receipt,
 )
+from admission.receipts._batch import BatchAdmission, Prepared
 from admission.receipts._release import KeyRelease
 from admission.receipts._retention import DEFAULT_MAX_CLOCK_LEAD, prune_all, utc_clock
 from admission.receipts._rules import (
@@ -127,7 +129,33 @@ def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
     return checked
 
 
-class AdmissionService(KeyRelease):
+def _judge_key(tx: LockedInstance, intent: Intent, key: str, token: str) -> Admission | None:
+    return judge_locked(tx, tx.find_commands(intent.command_type, [token, key]), intent, key, token)
+
+
+def _judge_committed(
+    store: Store, namespace: str, workflow_id: str, intent: Intent, key: str, token: str
+) -> Admission | None:
+    """Answer a retry from committed receipts, without the lock, when a receipt exists.
+
+    Receipts are immutable (an update's status only advances, by its own
+    committed transaction), so a committed receipt gives the answer the
+    lock would give; with none, the caller takes the lock and decides.
+    """
+    found = store.read_receipts(namespace, workflow_id, intent.command_type, [token, key])
+    if not found:
+        return None
+    if (plain := plainly_retained(namespace, workflow_id, found, key, token, intent.digest)) is not None:
+        return plain  # the common case, without building the judgement below
+    rows = [row for row, _ in found]
+    judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
+    if judgement.decision is None:
+        return None
+    updates = {row.id: update for row, update in found}
+    return answer_judgement(namespace, workflow_id, judgement, rows, updates.get, key, intent.command_type)
+
+
+class AdmissionService(KeyRelease, BatchAdmission):
     """Admits signals and updates with command keys, on any :class:`Store`.
 
     ``clock`` returns timezone-aware datetimes (kept in UTC); ``new_id`` fresh identifiers;
@@ -281,6 +309,29 @@ class AdmissionService(KeyRelease):
         run_id: str | None,
         connection: object | None,
     ) -> Admission:
+        item = self._prepare(command_type, namespace, workflow_id, name, arguments, request_id, run_id)
+        key, token, intent = item.key, item.token, item.intent
+        if key is not None and token is not None and connection is None:
+            known = _judge_committed(self.store, namespace, workflow_id, intent, key, token)
+            if known is not None:
+                return known
+        now = self._clock()
+        with self.store.locked(
+            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
+        ) as tx:
+            return self._place(tx, item, now, read_before=connection is None)
+
+    def _prepare(
+        self,
+        command_type: CommandType,
+        namespace: str,
+        workflow_id: str,
+        name: str,
+        arguments: object,
+        request_id: str | None,
+        run_id: str | None,
+    ) -> Prepared:
+        """Validate and digest a command (raising its typed error) before any transaction."""
         # Everything is validated before the transaction: bad input writes nothing.
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
@@ -291,98 +342,59 @@ class AdmissionService(KeyRelease):
         _identifier(name, "name")
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         token = None if key is None else receipt_token(command_type, key)
-        if key is not None and token is not None and connection is None:
-            known = self._judge_committed(namespace, workflow_id, intent, key, token)
+        return Prepared(command_type, namespace, workflow_id, name, target, key, token, intent, stored)
+
+    def _place(self, tx: LockedInstance, item: Prepared, now: datetime, *, read_before: bool) -> Admission:
+        """Decide and write one prepared command under its instance's lock (``read_before``: its
+        key's committed receipts were read, without the lock, and did not answer it)."""
+        command_type, name, target, stored = item.command_type, item.name, item.target, item.stored
+        key, token, intent = item.key, item.token, item.intent
+        # After a read before the lock, the only receipt that can have been
+        # committed for this key since is a token row made by another admission,
+        # and the insert below finds that one on the unique index and answers
+        # with it: reading the key again under the lock would find nothing more
+        # (docs/guide.md, section 4).  Inside a caller's transaction, and in a
+        # batch, there was no read before, so the lock reads.
+        if key is not None and token is not None and not read_before:
+            known = _judge_key(tx, intent, key, token)
             if known is not None:
                 return known
-        now = self._clock()
-        with self.store.locked(
-            namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
-        ) as tx:
-            # After the read above, the only receipt that can have been committed
-            # for this key since is a token row made by another admission, and the
-            # insert below finds that one on the unique index and answers with it:
-            # reading the key again under the lock would find nothing more
-            # (docs/guide.md, section 4).  Inside a caller's
-            # transaction there was no read before, so the lock reads.
-            if key is not None and token is not None and connection is not None:
-                known = self._judge_key(tx, intent, key, token)
-                if known is not None:
-                    return known
-            instance = tx.instance
-            current = tx.current_run()
-            placed = judge_target(
-                command_type, instance.current_run_id, current.status if current else None, target
-            )
-            refused = placed.reason is not None
-            row = CommandRow(
-                id=self._new_id(),
-                instance_id=instance.id,
-                run_id=placed.run_id if not refused else placed.resolved_run_id,
-                command_sequence=tx.next_command_sequence(),
-                command_type=command_type,
-                name=name,
-                target_scope="instance" if target is None else "run",
-                requested_run_id=target,
-                request_id=token,
-                context=context_of(key),
-                arguments=stored,
-                status="rejected" if refused else placed.outcome,
-                outcome=placed.outcome,
-                rejection_reason=placed.reason,
-                created_at=now,
-                intent_digest=intent.digest,
-                arguments_digest=intent.arguments_digest,
-                intent_encoding=INTENT_VERSION,
-            )
-            if not tx.insert_command(row):
-                # The unique index (contract §4): another caller committed this
-                # key after the unlocked read above (or wrote it outside the
-                # lock).  The answer is the receipt now stored, never an error.
-                assert key is not None and token is not None
-                known = self._judge_key(tx, intent, key, token)
-                if known is None:
-                    raise AdmissionError("receipt index reported a duplicate that cannot be read back")
-                return known
-            return lifecycle.admitted(tx, row, key, self._new_id, now)
-
-    def _judge_key(self, tx: LockedInstance, intent: Intent, key: str, token: str) -> Admission | None:
-        rows = tx.find_commands(intent.command_type, [token, key])
-        judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
-        if judgement.decision is None:
-            return None
-        return answer_judgement(
-            tx.instance.namespace,
-            tx.instance.workflow_id,
-            judgement,
-            rows,
-            tx.update_for_command,
-            key,
-            intent.command_type,
+        instance = tx.instance
+        current = tx.current_run()
+        placed = judge_target(
+            command_type, instance.current_run_id, current.status if current else None, target
         )
-
-    def _judge_committed(
-        self, namespace: str, workflow_id: str, intent: Intent, key: str, token: str
-    ) -> Admission | None:
-        """Answer a retry from committed receipts, without the lock, when a receipt exists.
-
-        Receipts are immutable (an update's status only advances, by its own
-        committed transaction), so a committed receipt gives the answer the
-        lock would give; with none, the caller takes the lock and decides.
-        """
-        found = self.store.read_receipts(namespace, workflow_id, intent.command_type, [token, key])
-        if not found:
-            return None
-        if (plain := plainly_retained(namespace, workflow_id, found, key, token, intent.digest)) is not None:
-            return plain  # the common case, without building the judgement below
-        rows = [row for row, _ in found]
-        judgement = judge_receipts([stored_receipt(r, key) for r in rows], key, token, intent)
-        if judgement.decision is None:
-            return None
-        updates = {row.id: update for row, update in found}
-        return answer_judgement(
-            namespace, workflow_id, judgement, rows, updates.get, key, intent.command_type
+        refused = placed.reason is not None
+        row = CommandRow(
+            id=self._new_id(),
+            instance_id=instance.id,
+            run_id=placed.run_id if not refused else placed.resolved_run_id,
+            command_sequence=tx.next_command_sequence(),
+            command_type=command_type,
+            name=name,
+            target_scope="instance" if target is None else "run",
+            requested_run_id=target,
+            request_id=token,
+            context=context_of(key),
+            arguments=stored,
+            status="rejected" if refused else placed.outcome,
+            outcome=placed.outcome,
+            rejection_reason=placed.reason,
+            created_at=now,
+            intent_digest=intent.digest,
+            arguments_digest=intent.arguments_digest,
+            intent_encoding=INTENT_VERSION,
         )
+        if not tx.insert_command(row):
+            # The unique index (contract §4): another caller committed this
+            # key after the unlocked read (or wrote it outside the lock).
+            # The answer is the receipt now stored, never an error.
+            assert key is not None and token is not None
+            known = _judge_key(tx, intent, key, token)
+            if known is None:
+                raise AdmissionError("receipt index reported a duplicate that cannot be read back")
+            return known
+        return lifecycle.admitted(tx, row, key, self._new_id, now)
 
     # -- update lifecycle -------------------------------------------------------------
 

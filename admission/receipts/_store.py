@@ -12,7 +12,7 @@ Pure: no SQLAlchemy, no clock (times are passed in).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -262,6 +262,24 @@ class Store(Protocol):
         the transaction (on a SQL store a ``Connection``, a ``Session``, or
         through the async service an ``AsyncConnection`` or ``AsyncSession``):
         the store neither commits nor rolls back.
+        """
+        ...
+
+    def locked_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        *,
+        created_at: datetime,
+        new_ids: Sequence[str],
+        connection: object | None = None,
+    ) -> AbstractContextManager[Mapping[tuple[str, str], LockedInstance]]:
+        """Open one transaction holding the admission locks of several instances.
+
+        ``keys`` are (namespace, workflow_id) pairs, ``new_ids`` the id for each
+        one's instance row should it not exist yet (as for :meth:`locked`).
+        The locks are taken in sorted order of the keys, whatever order they
+        come in, so two transactions over the same instances never deadlock;
+        each key appears once in the mapping.  ``connection`` as for :meth:`locked`.
         """
         ...
 

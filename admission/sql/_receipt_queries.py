@@ -222,6 +222,24 @@ COMMANDS_BY_KEY = _by_key(
 )
 
 
+COMMANDS_BY_KEYS = (
+    select(workflow_commands)
+    .where(
+        workflow_commands.c.instance_id == _b("iid"),
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id.in_(bindparam("request_ids", expanding=True)),
+    )
+    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
+)
+"""Commands of one instance and type by any number of ``request_id`` values, oldest first: a
+batch's lookup of all its keys at once (the two-value lookup is :data:`COMMANDS_BY_KEY`)."""
+
+
+def wanted_keys(request_ids: Sequence[str], postgres: bool) -> list[str]:
+    """The values a lookup can match: as in :func:`key_values`, PostgreSQL text holds no NUL."""
+    return [r for r in request_ids if not (postgres and "\x00" in r)]
+
+
 def _receipt_read(value: str) -> Select[Any]:
     """The unlocked receipt read of a retry, with the command's update (if any)."""
     return (

@@ -15,10 +15,10 @@ Driver errors become admission errors at the one boundary,
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.engine import Connection
@@ -50,6 +50,7 @@ from admission.sql._pooler import pooler_of
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND,
+    COMMANDS_BY_KEYS,
     INSERT_COMMAND,
     INSERT_RUN,
     INSERT_UPDATE,
@@ -69,6 +70,7 @@ from admission.sql._receipt_queries import (
     receipt_order,
     run_row,
     update_row,
+    wanted_keys,
 )
 from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
 from admission.sql._retention import expired_ends, latest_time, newest_time
@@ -83,6 +85,8 @@ from admission.sql._schema import (
 from admission.sql._sqlite_file import verify_file
 
 __all__ = ["SqlStore"]
+
+T = TypeVar("T")
 
 
 async def _pipelined(
@@ -129,15 +133,15 @@ class _SqlLocked:
         return self._current
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        if len(request_ids) > 2:  # a batch's lookup of all its keys at once
+            wanted = wanted_keys(request_ids, self._postgres)
+            params = {"iid": self._instance.id, "command_type": command_type, "request_ids": wanted}
+            found = self._conn.execute(COMMANDS_BY_KEYS, params)
+            return [command_row(r) for r in found.mappings()]
         values = key_values(request_ids, self._postgres)
         if values is None:
             return []
-        params = {
-            "iid": self._instance.id,
-            "command_type": command_type,
-            "token": values[0],
-            "raw": values[1],
-        }
+        params = dict(iid=self._instance.id, command_type=command_type, token=values[0], raw=values[1])
         rows = [(command_row(r), None) for r in self._raw.commands_by_key.rows(self._cursor, params)]
         return [command for command, _ in (receipt_order(rows) if len(rows) > 1 else rows)]
 
@@ -431,22 +435,16 @@ class SqlStore:
         return lookup.fetched(lookup_cursor)
 
     @contextmanager
-    def _locked(
-        self,
-        namespace: str,
-        workflow_id: str,
-        created_at: datetime,
-        new_id: str,
-        connection: Connection | None,
-    ) -> Iterator[LockedInstance]:
+    def _held(self, connection: Connection | None, take: Callable[[Connection], T]) -> Iterator[T]:
+        """A transaction, the caller's or the store's own, with ``take`` run first in it (the locks)."""
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with self._translate():
                 join_transaction(connection)
-                yield self._lock(connection, namespace, workflow_id, created_at, new_id)
+                yield take(connection)
             return
         with self._translate(), self._kept.transaction(self.engine, self._write_engine) as conn:
-            yield self._lock(conn, namespace, workflow_id, created_at, new_id)
+            yield take(conn)
 
     def locked(
         self,
@@ -466,7 +464,24 @@ class SqlStore:
         committed nor rolled back here.
         """
         joined = None if connection is None else caller_connection(self.engine, connection)
-        return self._locked(namespace, workflow_id, created_at, new_id, joined)
+        return self._held(joined, lambda conn: self._lock(conn, namespace, workflow_id, created_at, new_id))
+
+    def locked_many(
+        self,
+        keys: Sequence[tuple[str, str]],
+        *,
+        created_at: datetime,
+        new_ids: Sequence[str],
+        connection: object | None = None,
+    ) -> AbstractContextManager[Mapping[tuple[str, str], LockedInstance]]:
+        """One transaction holding several instances' locks (:meth:`Store.locked_many`)."""
+        joined = None if connection is None else caller_connection(self.engine, connection)
+        # In key order, so no two batches wait on each other in a cycle (on SQLite
+        # BEGIN IMMEDIATE already holds the write lock, and the rest only read).
+        ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
+        return self._held(
+            joined, lambda conn: {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}
+        )
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
         """Read an instance without locking it."""

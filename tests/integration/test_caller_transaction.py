@@ -30,7 +30,7 @@ from admission.aio import (
     run_sync,
 )
 from admission.errors import InputError
-from admission.receipts import AdmissionService, Decision, MemoryStore
+from admission.receipts import Admission, AdmissionService, BatchCommand, Decision, MemoryStore
 from admission.sql import (
     SqlStore,
     SqlWorkerStore,
@@ -174,6 +174,22 @@ def test_an_async_session_given_to_the_synchronous_service_is_refused(store: Sql
     with pytest.raises(InputError, match="AsyncAdmissionService") as info:
         AdmissionService(store).admit_signal(NS, WF, "go", [], connection=AsyncSession(async_engine))
     assert info.value.field == "connection"
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+def test_a_batch_inside_the_callers_transaction_ends_as_the_caller_ends_it(
+    store: SqlStore, commit: bool
+) -> None:
+    service = AdmissionService(store)
+    service.start_run(NS, WF)
+    items = [BatchCommand("signal", NS, w, "go", [1], request_id="k") for w in (WF, "other", WF)]
+    with caller_transaction("session", store, commit=commit) as (handle, _):
+        first, elsewhere, retry = service.admit_many(items, connection=handle)
+    assert isinstance(first, Admission) and isinstance(retry, Admission) and isinstance(elsewhere, Admission)
+    assert (first.outcome, elsewhere.outcome, retry.retained) == ("received", "run_not_active", True)
+    kept = service.receipt(NS, WF, "signal", "k")
+    assert (kept is not None and kept.command_id == first.command_id) if commit else kept is None
+    assert (service.receipt(NS, "other", "signal", "k") is not None) is commit
 
 
 def test_a_memory_store_refuses_a_callers_transaction_naming_connection() -> None:

@@ -19,6 +19,7 @@ def test_public_api_is_pinned() -> None:
             "Admission",
             "AdmissionError",
             "AdmissionService",
+            "BatchCommand",
             "BeforeWriteError",
             "CodecError",
             "CommandKeyError",

@@ -45,6 +45,7 @@ PURE_MODULES = {
     "admission.jobs._store",
     "admission.jobs._values",
     "admission.receipts._answers",
+    "admission.receipts._batch",
     "admission.receipts._lifecycle",
     "admission.receipts._memory",
     "admission.receipts._once",

@@ -229,6 +229,33 @@ def test_a_known_sequence_makes_exactly_these_spans_and_counts(otel: Recorded) -
     assert otel.units() == {"admission.admissions": "{admission}", "admission.admit.duration": "s"}
 
 
+def test_a_batch_makes_one_span_and_counts_each_answered_command(otel: Recorded) -> None:
+    service = AdmissionService(MemoryStore())
+    service.start_run(NS, "wf-1")
+    otel.exporter.clear()
+    service.admit_many(
+        [
+            admission.BatchCommand("update", NS, "wf-1", "transfer", {"amount": 5}, request_id="k-1"),
+            admission.BatchCommand("update", NS, "wf-1", "transfer", {"amount": 5}, request_id="k-1"),
+            admission.BatchCommand("update", NS, "wf-1", "transfer", {"amount": {5}}, request_id="k-2"),
+        ]
+    )
+    assert otel.spans() == [
+        ("admission.admit_many", {"admission.batch.size": 3, "admission.batch.refused": 1}, "UNSET")
+    ]
+    assert {"admission.admit_many"} <= set(telemetry.SPANS)
+    assert {"admission.batch.size", "admission.batch.refused"} <= set(telemetry.ATTRIBUTES)
+    counted = {
+        frozenset(
+            {"admission.command_type": "update", "admission.decision": d, "admission.outcome": o}.items()
+        )
+        for d, o in (("fresh", "accepted"), ("retained", "accepted"))
+    }
+    assert otel.points("admission.admissions") == dict.fromkeys(counted, 1)
+    # The histogram times admit calls; a batch's items are not calls of their own.
+    assert otel.points("admission.admit.duration") == {}
+
+
 def test_the_async_service_makes_the_same_spans_as_children_of_the_callers_span(otel: Recorded) -> None:
     sequence(AdmissionService(MemoryStore()))
     synchronous = otel.spans()
