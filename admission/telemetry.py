@@ -21,6 +21,7 @@ either, so ``import admission`` stays light.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -177,7 +178,14 @@ def _idle(trace: Any) -> Callable[[], bool]:
     if _explicit["tracer_provider"] is not None:
         return lambda: False
     placeholders = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-    return lambda: isinstance(trace.get_tracer_provider(), placeholders)
+    from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
+
+    if OTEL_PYTHON_TRACER_PROVIDER in os.environ or not hasattr(trace, "_TRACER_PROVIDER"):
+        return lambda: isinstance(trace.get_tracer_provider(), placeholders)
+    # While no provider is set, get_tracer_provider() looks the environment up on every call
+    # (for a provider named there, none here): the global it sets is read instead, the
+    # environment once.
+    return lambda: (found := trace._TRACER_PROVIDER) is None or isinstance(found, placeholders)
 
 
 class Span:
@@ -188,10 +196,18 @@ class Span:
     def __init__(self, span: Any) -> None:
         self._span = span
 
+    @property
+    def recording(self) -> bool:
+        """Whether attributes given to :meth:`set` are kept (callers skip building them if not)."""
+        return self._span is not None
+
     def set(self, attributes: Attributes) -> None:
         """Add ``attributes`` (never a key, an argument or a result: docs/observability.md)."""
         if self._span is not None:
             self._span.set_attributes(attributes)
+
+
+_NOT_RECORDING: Final = Span(None)
 
 
 class span:  # lower case: it reads as a function, ``with span(name, attributes) as current:``
@@ -216,7 +232,7 @@ class span:  # lower case: it reads as a function, ``with span(name, attributes)
 
     def __enter__(self) -> Span:
         if self._context is None:
-            return Span(None)
+            return _NOT_RECORDING
         self._span = self._context.__enter__()
         return Span(self._span)
 
@@ -245,6 +261,7 @@ class Timer:
         if found is None:
             return
         seconds = time.perf_counter() - self._start
+        decision = str(decision)  # a StrEnum member is given: its plain value is recorded
         found.admissions.add(
             1,
             {
