@@ -104,6 +104,8 @@ class _Instruments:
     status_error: Any
     idle: Callable[[], bool]
     """Whether spans would record nothing: no provider given and no global one set yet."""
+    unmeasured: Callable[[], bool]
+    """The same for measurements: the API's instruments would pass them to no meter."""
 
 
 _explicit: dict[str, object | None] = {"tracer_provider": None, "meter_provider": None}
@@ -166,7 +168,13 @@ def _create() -> _Instruments | None:
         description="Receipt reads of a store with a read replica, by who answered them.",
     )
     return _Instruments(
-        tracer, admissions, duration, replica, trace.Status(trace.StatusCode.ERROR), _idle(trace)
+        tracer,
+        admissions,
+        duration,
+        replica,
+        trace.Status(trace.StatusCode.ERROR),
+        _idle(trace),
+        _unmeasured(),
     )
 
 
@@ -186,6 +194,23 @@ def _idle(trace: Any) -> Callable[[], bool]:
     # (for a provider named there, none here): the global it sets is read instead, the
     # environment once.
     return lambda: (found := trace._TRACER_PROVIDER) is None or isinstance(found, placeholders)
+
+
+def _unmeasured() -> Callable[[], bool]:
+    # As for spans: until a meter provider is set, the API's instruments drop every measurement,
+    # after building its attributes and reading the clock here.  Looked up through the global the
+    # API sets (its lookup function reads the environment on every call while none is set).
+    if _explicit["meter_provider"] is not None:
+        return lambda: False
+    from opentelemetry.environment_variables import OTEL_PYTHON_METER_PROVIDER
+
+    try:
+        from opentelemetry.metrics import _internal as api
+    except ImportError:  # pragma: no cover - an API laid out otherwise: measure every time
+        return lambda: False
+    if OTEL_PYTHON_METER_PROVIDER in os.environ or not hasattr(api, "_METER_PROVIDER"):
+        return lambda: False
+    return lambda: api._METER_PROVIDER is None
 
 
 class Span:
@@ -258,7 +283,7 @@ class Timer:
     def answered(self, command_type: str, decision: str, outcome: str) -> None:
         """Count an answered admission and record its time."""
         found = _lookup()
-        if found is None:
+        if found is None or found.unmeasured():
             return
         seconds = time.perf_counter() - self._start
         decision = str(decision)  # a StrEnum member is given: its plain value is recorded
@@ -277,7 +302,7 @@ class Timer:
     def failed(self, command_type: str, error: BaseException) -> None:
         """Record the time of an admit call that raised."""
         found = _lookup()
-        if found is None:
+        if found is None or found.unmeasured():
             return
         seconds = time.perf_counter() - self._start
         found.admit_duration.record(

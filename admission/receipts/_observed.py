@@ -70,10 +70,11 @@ def _token(answer: Admission) -> str:
 
 def _admit(command_type: CommandType, method: Method[Admission]) -> Method[Admission]:
     operation = f"admit_{command_type}"
+    span_name = f"admission.{operation}"
 
     @functools.wraps(method)
     def admit(self: AdmissionService, *args: Any, **kwargs: Any) -> Admission:
-        with telemetry.span(f"admission.{operation}", {"admission.command_type": command_type}) as span:
+        with telemetry.span(span_name, {"admission.command_type": command_type}) as span:
             timer = telemetry.Timer()
             try:
                 answer = method(self, *args, **kwargs)
