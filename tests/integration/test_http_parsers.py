@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-import uvicorn
 
 from admission.http import JsonCodec, create_app, envelope
 from admission.receipts import AdmissionService, MemoryStore
+from tests.support.inthread import uvicorn_in_thread
 
 
 @contextmanager
@@ -27,23 +24,8 @@ def serving(parser: str) -> Iterator[int]:
     """The app over a fresh service under uvicorn with ``parser``, in a thread; yields its port."""
     service = AdmissionService(MemoryStore())
     service.start_run("default", "wf")
-    app = create_app(service, max_body_bytes=1000)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = int(probe.getsockname()[1])
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=parser)
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(3000):
-            if server.started:
-                break
-            time.sleep(0.01)
+    with uvicorn_in_thread(create_app(service, max_body_bytes=1000), http=parser) as port:
         yield port
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.mark.parametrize("parser", ["h11", "httptools"])
