@@ -77,6 +77,16 @@ def _authorizer(args: argparse.Namespace) -> BearerTokens | None:
     return None
 
 
+def _http_parser() -> str:
+    # uvicorn's own "auto" rule, made explicit so the line printed on start names what runs:
+    # the C parser when installed (the http extra brings it), else the pure-Python h11.
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -99,6 +109,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     service = open_async_service(args)
     read = read_db_url(args)
     stored: StoreArguments = "envelope" if args.store_envelope else "plaintext"
+    parser = _http_parser()
     app = create_app(
         service,
         codecs=codecs_from(*codecs),
@@ -121,11 +132,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                 "tokens": None if tokens is None else len(tokens.grants),
                 "max_body_bytes": args.max_body_bytes,
                 "max_waits": args.max_waits,
+                "http_parser": parser,
             }
         ),
         flush=True,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=args.access_log)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        http=parser,
+    )
     return EXIT_OK
 
 

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
@@ -28,6 +25,7 @@ import pytest
 
 from admission.conformance import run_conformance
 from admission.receipts import AdmissionService, MemoryStore
+from tests.support.inthread import uvicorn_in_thread
 from tests.support.mutants import MUTANTS, memory_target
 from tests.support.processes import ROOT
 
@@ -139,31 +137,11 @@ def new_id_on_retained_answers(app: ASGIApp) -> ASGIApp:
     return broken
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @contextmanager
 def serving(app: ASGIApp) -> Iterator[str]:
     """``app`` under uvicorn on loopback, in a thread of this process; its base URL."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(3000):
-            if server.started:
-                break
-            time.sleep(0.01)
-        assert server.started
+    with uvicorn_in_thread(app) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 def conformance_cli(*args: str) -> subprocess.CompletedProcess[str]:

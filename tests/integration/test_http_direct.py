@@ -144,11 +144,27 @@ def outcome(response: Any) -> tuple[int, Any, str | None, str | None]:
     )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+Batch = list[tuple[str, str, str | None, str | None, bytes]]
+FIXTURE = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=FIXTURE)
 @given(batch=requests)
-def test_the_direct_path_answers_as_the_framework_does(
-    batch: list[tuple[str, str, str | None, str | None, bytes]], monkeypatch: pytest.MonkeyPatch
+def test_the_direct_path_answers_as_the_framework_does(batch: Batch, monkeypatch: pytest.MonkeyPatch) -> None:
+    same_answers(batch, monkeypatch)
+
+
+@pytest.mark.extra  # the same on many more generated requests
+@settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE)
+@given(batch=requests)
+def test_the_direct_path_answers_as_the_framework_does_on_many_requests(
+    batch: Batch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    same_answers(batch, monkeypatch)
+
+
+def same_answers(batch: Batch, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both paths, each over a fresh service, answer ``batch`` alike."""
     direct, framework = client(True, monkeypatch), client(False, monkeypatch)
     for route, workflow, content_type, namespace, body in batch:
         headers = {"X-Request-Id": "corr-1"}

@@ -532,6 +532,12 @@ def test_admission_serve_announces_and_applies_its_limits(tmp_path: Path) -> Non
     url = sqlite_url(tmp_path)
     with serving(url, "--max-body-bytes", "4096", "--max-waits", "3") as (port, _, announced):
         assert (announced["max_body_bytes"], announced["max_waits"]) == (4096, 3)
+        try:
+            import httptools  # noqa: F401
+        except ImportError:
+            assert announced["http_parser"] == "h11"
+        else:
+            assert announced["http_parser"] == "httptools"  # the C parser whenever it is there
         big = httpx.post(
             f"http://127.0.0.1:{port}/api/workflows/wf-1/signal/go",
             content=b" " * 4097,
