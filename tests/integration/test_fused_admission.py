@@ -1,0 +1,172 @@
+"""PostgreSQL's fresh admission in few round trips (``admission/sql/_fused.py``).
+
+The store's own transaction begins in the lock's pipeline and a fresh
+admission's rows go in one statement sent with ``COMMIT``.  These tests hold
+it to the rules of any transaction: an error in that statement commits
+nothing of it (not the instance row made for it, not the command), the
+connection is sound and out of autocommit afterwards however the transaction
+ended, and the rows are the ones the statements one by one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+
+from admission.aio import AsyncAdmissionService, open_store, run_sync
+from admission.errors import RunStateError, StorageError
+from admission.intent import receipt_token
+from admission.receipts import AdmissionService, CommandRow, Decision, EventRow, UpdateRow
+from admission.sql import SqlStore, metadata
+from tests.support.backends import PostgresPool, database_url
+
+NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.fixture
+def pg_url(postgres_pool: PostgresPool, tmp_path: Any) -> str:
+    return database_url("postgresql", postgres_pool, tmp_path)
+
+
+def _counts(store: SqlStore) -> dict[str, int]:
+    with store.engine.connect() as conn:
+        return {
+            t.name: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+            for t in metadata.sorted_tables
+            if t.name.startswith("workflow_")
+        }
+
+
+def _rows(iid: str, run_id: str | None, event_type: str) -> tuple[CommandRow, UpdateRow, EventRow]:
+    command = CommandRow(
+        str(uuid.uuid4()), iid, run_id, 1, "update", "approve", "instance", None, f"tok-{uuid.uuid4()}",
+        None, b"\xa0", "received", "accepted", None, NOW, "d" * 64, "a" * 64, "v1",
+    )  # fmt: skip
+    update = UpdateRow(
+        str(uuid.uuid4()), command.id, iid, run_id or "", "approve", "accepted", None, None, NOW, None
+    )
+    event = EventRow("ns", iid, run_id, event_type, command.id, update.id, b"\xa0", NOW)
+    return command, update, event
+
+
+def _failing_write(store: SqlStore, workflow: str, run_id: str | None) -> None:
+    """A fresh admission whose fused statement fails (an event type longer than its column) as the
+    last write of the store's own transaction, the one sent with ``COMMIT``."""
+    with (
+        pytest.raises(StorageError),
+        store.locked("ns", workflow, created_at=NOW, new_id=str(uuid.uuid4())) as tx,
+    ):
+        command, update, event = _rows(tx.instance.id, run_id, "x" * 200)
+        tx.insert_admitted(command, update if run_id else None, event, last=True)
+
+
+def _assert_out_of_autocommit(store: SqlStore) -> None:
+    """Every write connection the store keeps, and the pool's, is out of autocommit and idle."""
+    for held in store._kept.writers.free:  # type: ignore[attr-defined]
+        driver = held.proxy.connection.driver_connection
+        assert driver.autocommit is False and driver.info.transaction_status == 0
+    with store.engine.connect() as conn:
+        assert conn.connection.driver_connection.autocommit is False
+
+
+@pytest.mark.parametrize("first_time", [True, False], ids=["new-instance", "running-instance"])
+def test_an_error_in_the_statement_sent_with_commit_leaves_nothing_of_the_transaction(
+    pg_url: str, first_time: bool
+) -> None:
+    store = SqlStore.open(pg_url)
+    try:
+        service = AdmissionService(store, clock=lambda: NOW)
+        workflow = f"wf-{uuid.uuid4()}"
+        run_id = None if first_time else service.start_run("ns", workflow).run_id
+        before = _counts(store)
+        _failing_write(store, workflow, run_id)
+        # Nothing: not the command, its update or its event, nor (first time) the instance row.
+        assert _counts(store) == before
+        _assert_out_of_autocommit(store)
+        # The store goes on: the same instance admits, and the rows are there.
+        answer = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+        # A fresh update, or with no run yet a fresh refusal (no update row).
+        assert answer.decision is Decision.FRESH and (answer.update_id is not None) == (run_id is not None)
+        grown = {k: v - before[k] for k, v in _counts(store).items() if v != before[k]}
+        expected = {"workflow_commands": 1, "workflow_history_events": 1}
+        if run_id:
+            expected["workflow_updates"] = 1
+        else:
+            expected["workflow_instances"] = 1
+        assert grown == expected
+    finally:
+        store.dispose()
+
+
+def test_the_async_store_rolls_back_the_failed_statement_and_goes_on(pg_url: str) -> None:
+    async def main() -> None:
+        store = await open_store(pg_url)
+        sync = store.sync
+        assert isinstance(sync, SqlStore) and sync.engine.dialect.is_async
+        service = AsyncAdmissionService(store, clock=lambda: NOW)
+        workflow = f"wf-{uuid.uuid4()}"
+        run = await service.start_run("ns", workflow)
+        before = await run_sync(_counts, sync)
+        await run_sync(_failing_write, sync, workflow, run.run_id)
+        assert await run_sync(_counts, sync) == before
+        answer = await service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+        again = await service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+        assert (answer.decision, again.decision) == (Decision.FRESH, Decision.RETAINED)
+        assert again.update_id == answer.update_id
+        await run_sync(_assert_out_of_autocommit, sync)
+        await store.dispose()
+
+    asyncio.run(main())
+
+
+def test_every_ending_of_the_stores_transaction_leaves_the_connection_out_of_autocommit(pg_url: str) -> None:
+    # A budget of one: no connection is kept, each transaction goes round the pool's one.
+    for connections in (1, 8):
+        store = SqlStore.open(pg_url, connections=connections)
+        try:
+            service = AdmissionService(store)
+            workflow = f"wf-{uuid.uuid4()}"
+            service.start_run("ns", workflow)  # committed at the block's end
+            fresh = service.admit_signal("ns", workflow, "go", [1], request_id="k")  # committed with its rows
+            assert service.admit_signal("ns", workflow, "go", [1], request_id="k").retained
+            with pytest.raises(RunStateError):  # refused under the lock: rolled back
+                service.start_run("ns", workflow)
+            batch = service.admit_many([])
+            assert fresh.decision is Decision.FRESH and batch == []
+            _assert_out_of_autocommit(store)
+            # A transaction on the pool's connection is one transaction, not one per statement.
+            with store.engine.begin() as conn:
+                ids = [conn.execute(text("SELECT txid_current()")).scalar_one() for _ in range(2)]
+            assert ids[0] == ids[1]
+        finally:
+            store.dispose()
+
+
+def test_a_lost_race_for_the_key_commits_nothing_of_the_command_and_answers_with_the_stored_receipt(
+    pg_url: str,
+) -> None:
+    store = SqlStore.open(pg_url)
+    try:
+        service = AdmissionService(store, clock=lambda: NOW)
+        workflow = f"wf-{uuid.uuid4()}"
+        run = service.start_run("ns", workflow)
+        first = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+        before = _counts(store)
+        with store.locked("ns", workflow, created_at=NOW, new_id="unused") as tx:
+            (stored,) = tx.find_commands("update", [receipt_token("update", "k-1"), "k-1"])
+            assert stored.id == first.command_id
+            command, update, event = _rows(tx.instance.id, run.run_id, "UpdateAccepted")
+            taken = replace(command, request_id=stored.request_id, command_sequence=99)
+            assert tx.insert_admitted(taken, update, event, last=True) is False
+            # Committed (nothing of this admission), then read as the lost race reads it.
+            assert [c.id for c in tx.find_commands("update", [stored.request_id or ""])] == [stored.id]
+        assert _counts(store) == before
+        _assert_out_of_autocommit(store)
+    finally:
+        store.dispose()
