@@ -25,9 +25,9 @@ never committed here: only the store's own takes ``COMMIT`` in the pipeline.
 To send ``BEGIN`` in the pipeline instead of psycopg sending it alone (and
 waiting for its answer) before the first statement, the store's own
 transaction runs with the driver connection in autocommit and begins
-explicitly; :func:`own_transaction` ends the transaction and puts the
-connection back out of autocommit before it is given back, so nothing else
-ever sees it so.  Behind a transaction pooler this is the same transaction:
+explicitly; the commit, or else :func:`own_transaction`, puts the connection
+back out of autocommit before it is given back, so nothing else ever sees it
+so.  Behind a transaction pooler this is the same transaction:
 ``BEGIN`` to ``COMMIT``, nothing kept in the session.
 """
 
@@ -153,16 +153,16 @@ def _begin_statement(driver: Any) -> str:
 def own_transaction(connection: Connection) -> Iterator[str]:
     """The store's own transaction on ``connection``, begun by the caller with the statement yielded.
 
-    The driver connection is in autocommit inside the block: the first thing
-    sent must be the ``BEGIN`` yielded (in the lock's pipeline).  The block's
-    end commits (nothing is sent if a pipeline committed already) or, on an
-    exception, rolls back; the connection is then out of autocommit again,
-    before SQLAlchemy's own commit or rollback (which then has nothing to do)
-    and before the connection is given back.
+    The first thing sent must be that ``BEGIN``, in the lock's pipeline, with
+    the driver connection in autocommit (:func:`lock_rows` puts it so, in the
+    same await on the async path).  The block's end commits (nothing is sent
+    if :func:`write_rows` committed already) or, on an exception, rolls back;
+    the connection is then out of autocommit again, before SQLAlchemy's own
+    commit or rollback (which then has nothing to do) and before the
+    connection is given back.
     """
     dbapi: Any = connection.connection.dbapi_connection
     driver: Any = connection.connection.driver_connection
-    dbapi.autocommit = True
     try:
         yield _begin_statement(driver)
         if driver.info.transaction_status != _IDLE:
@@ -173,15 +173,18 @@ def own_transaction(connection: Connection) -> Iterator[str]:
                 dbapi.rollback()
         raise
     finally:
-        # Fails only on a broken connection, which is then thrown away.
-        with suppress(Exception):
-            dbapi.autocommit = False
+        if driver.autocommit:
+            # Fails only on a broken connection, which is then thrown away.
+            with suppress(Exception):
+                dbapi.autocommit = False
 
 
 async def _lock_async(
     driver: Any, begin: str | None, statements: tuple[RawStatement, RawStatement], params: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     lock, lookup = statements
+    if begin is not None and not driver.autocommit:
+        await driver.set_autocommit(True)
     lock_cursor = driver.cursor()
     lookup_cursor = driver.cursor()
     async with driver.pipeline():
@@ -203,13 +206,16 @@ def lock_rows(
     begin: str | None,
     is_async: bool,
 ) -> list[dict[str, Any]]:
-    """``begin`` (when given), the lock and the instance lookup (``statements``) in one round trip;
-    the lookup's rows, none if the instance does not exist yet (the lock found no row)."""
+    """``begin`` (when given: the driver connection is put in autocommit first), the lock and the
+    instance lookup (``statements``) in one round trip; the lookup's rows, none if the instance
+    does not exist yet (the lock found no row)."""
     if is_async:
         # The connection is this transaction's alone: its statements are
         # awaited here as the adapter would await them.
         return wait(_lock_async(dbapi.driver_connection, begin, statements, params))
     lock, lookup = statements
+    if begin is not None and not dbapi.autocommit:
+        dbapi.autocommit = True
     lookup_cursor = dbapi.cursor()
     with dbapi.pipeline():
         if begin is not None:
@@ -228,6 +234,7 @@ async def _write_async(
     async with driver.pipeline():
         await cursor.execute(statement.sql, statement.parameters(params))
         await driver.cursor().execute("COMMIT", prepare=False)
+    await driver.set_autocommit(False)  # in this await, not one more (own_transaction)
     return statement.as_rows(cursor.description, await cursor.fetchall())
 
 
@@ -243,7 +250,10 @@ def write_rows(
     """Run ``statement`` and, with ``commit``, ``COMMIT`` in the same round trip; its rows.
 
     An error in the statement raises, and the ``COMMIT`` is not run: the
-    server skips the rest of a pipeline after an error.
+    server skips the rest of a pipeline after an error.  After the commit the
+    connection is out of autocommit: a statement after it (a lost race's read
+    of the stored receipt) runs in a transaction of its own, which the
+    block of :func:`own_transaction` commits.
     """
     if not commit:
         return statement.rows(cursor, params)
@@ -252,4 +262,5 @@ def write_rows(
     with dbapi.pipeline():
         cursor.execute(statement.sql, statement.parameters(params))
         dbapi.cursor().execute("COMMIT", prepare=False)
+    dbapi.autocommit = False
     return statement.fetched(cursor)

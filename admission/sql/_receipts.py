@@ -383,7 +383,9 @@ class SqlStore:
             info[USES] = uses = info.get(USES, 0) + 1
             if replan_due(uses):
                 # See REPLAN_AFTER.  Allowed inside a transaction; a caller's
-                # own statements are prepared again too.
+                # own statements are prepared again too.  Before the BEGIN sent with the lock.
+                if begin is not None:
+                    dbapi.autocommit = True
                 dbapi.execute("DEALLOCATE ALL")
         cursor = dbapi.cursor()
         rows = self._lock_rows(dbapi, cursor, params, begin)
