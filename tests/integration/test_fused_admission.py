@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,13 @@ NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
 @pytest.fixture
 def pg_url(postgres_pool: PostgresPool, tmp_path: Any) -> str:
     return database_url("postgresql", postgres_pool, tmp_path)
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[SqlStore]:
+    store = SqlStore.open(pg_url)
+    yield store
+    store.dispose()
 
 
 def _counts(store: SqlStore) -> dict[str, int]:
@@ -77,31 +85,28 @@ def _assert_out_of_autocommit(store: SqlStore) -> None:
 
 @pytest.mark.parametrize("first_time", [True, False], ids=["new-instance", "running-instance"])
 def test_an_error_in_the_statement_sent_with_commit_leaves_nothing_of_the_transaction(
-    pg_url: str, first_time: bool
+    pg_store: SqlStore, first_time: bool
 ) -> None:
-    store = SqlStore.open(pg_url)
-    try:
-        service = AdmissionService(store, clock=lambda: NOW)
-        workflow = f"wf-{uuid.uuid4()}"
-        run_id = None if first_time else service.start_run("ns", workflow).run_id
-        before = _counts(store)
-        _failing_write(store, workflow, run_id)
-        # Nothing: not the command, its update or its event, nor (first time) the instance row.
-        assert _counts(store) == before
-        _assert_out_of_autocommit(store)
-        # The store goes on: the same instance admits, and the rows are there.
-        answer = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
-        # A fresh update, or with no run yet a fresh refusal (no update row).
-        assert answer.decision is Decision.FRESH and (answer.update_id is not None) == (run_id is not None)
-        grown = {k: v - before[k] for k, v in _counts(store).items() if v != before[k]}
-        expected = {"workflow_commands": 1, "workflow_history_events": 1}
-        if run_id:
-            expected["workflow_updates"] = 1
-        else:
-            expected["workflow_instances"] = 1
-        assert grown == expected
-    finally:
-        store.dispose()
+    store = pg_store
+    service = AdmissionService(store, clock=lambda: NOW)
+    workflow = f"wf-{uuid.uuid4()}"
+    run_id = None if first_time else service.start_run("ns", workflow).run_id
+    before = _counts(store)
+    _failing_write(store, workflow, run_id)
+    # Nothing: not the command, its update or its event, nor (first time) the instance row.
+    assert _counts(store) == before
+    _assert_out_of_autocommit(store)
+    # The store goes on: the same instance admits, and the rows are there.
+    answer = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+    # A fresh update, or with no run yet a fresh refusal (no update row).
+    assert answer.decision is Decision.FRESH and (answer.update_id is not None) == (run_id is not None)
+    grown = {k: v - before[k] for k, v in _counts(store).items() if v != before[k]}
+    expected = {"workflow_commands": 1, "workflow_history_events": 1}
+    if run_id:
+        expected["workflow_updates"] = 1
+    else:
+        expected["workflow_instances"] = 1
+    assert grown == expected
 
 
 def test_the_async_store_rolls_back_the_failed_statement_and_goes_on(pg_url: str) -> None:
@@ -149,24 +154,82 @@ def test_every_ending_of_the_stores_transaction_leaves_the_connection_out_of_aut
 
 
 def test_a_lost_race_for_the_key_commits_nothing_of_the_command_and_answers_with_the_stored_receipt(
-    pg_url: str,
+    pg_store: SqlStore,
 ) -> None:
-    store = SqlStore.open(pg_url)
-    try:
-        service = AdmissionService(store, clock=lambda: NOW)
-        workflow = f"wf-{uuid.uuid4()}"
-        run = service.start_run("ns", workflow)
-        first = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
-        before = _counts(store)
-        with store.locked("ns", workflow, created_at=NOW, new_id="unused") as tx:
-            (stored,) = tx.find_commands("update", [receipt_token("update", "k-1"), "k-1"])
-            assert stored.id == first.command_id
-            command, update, event = _rows(tx.instance.id, run.run_id, "UpdateAccepted")
-            taken = replace(command, request_id=stored.request_id, command_sequence=99)
-            assert tx.insert_admitted(taken, update, event, last=True) is False
-            # Committed (nothing of this admission), then read as the lost race reads it.
-            assert [c.id for c in tx.find_commands("update", [stored.request_id or ""])] == [stored.id]
-        assert _counts(store) == before
-        _assert_out_of_autocommit(store)
-    finally:
-        store.dispose()
+    store = pg_store
+    service = AdmissionService(store, clock=lambda: NOW)
+    workflow = f"wf-{uuid.uuid4()}"
+    run = service.start_run("ns", workflow)
+    first = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+    before = _counts(store)
+    with store.locked("ns", workflow, created_at=NOW, new_id="unused") as tx:
+        (stored,) = tx.find_commands("update", [receipt_token("update", "k-1"), "k-1"])
+        assert stored.id == first.command_id
+        command, update, event = _rows(tx.instance.id, run.run_id, "UpdateAccepted")
+        taken = replace(command, request_id=stored.request_id, command_sequence=99)
+        assert tx.insert_admitted(taken, update, event, last=True) is False
+        # Committed (nothing of this admission), then read as the lost race reads it.
+        assert [c.id for c in tx.find_commands("update", [stored.request_id or ""])] == [stored.id]
+    assert _counts(store) == before
+    _assert_out_of_autocommit(store)
+
+
+def _stored(store: SqlStore, table: str, key: str, value: object, skip: tuple[str, ...]) -> list[object]:
+    """A row as the database holds it: each column's type and text, but ``skip``."""
+    columns = [c.name for c in metadata.tables[table].c if c.name not in skip]
+    selected = ", ".join(f"pg_typeof({c})::text, {c}::text" for c in columns)
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(text(f"SELECT {selected} FROM {table} WHERE {key} = :v"), {"v": value}).one()
+        )
+
+
+@pytest.mark.parametrize("with_update", [True, False], ids=["update", "signal"])
+@pytest.mark.parametrize("nulls", [True, False], ids=["nulls", "values"])
+def test_the_fused_statement_stores_the_rows_the_statements_one_by_one_store(
+    pg_store: SqlStore, with_update: bool, nulls: bool
+) -> None:
+    service = AdmissionService(pg_store, clock=lambda: NOW)
+    workflow = f"wf-{uuid.uuid4()}"
+    run_id = service.start_run("ns", workflow).run_id
+    written = []
+    for fused, sequence in ((True, 1), (False, 2)):
+        with pg_store.locked("ns", workflow, created_at=NOW, new_id="unused") as tx:
+            command, update, event = _rows(tx.instance.id, run_id, "UpdateAccepted")
+            command = replace(command, command_sequence=sequence)
+            if nulls:
+                command = replace(command, context=None, intent_digest=None, request_id=None)
+                event = replace(event, run_id=None, update_id=None)
+            else:
+                command = replace(command, requested_run_id=run_id, rejection_reason="r")
+                update = replace(update, result=b"\x00\xff", failure="f", completed_at=NOW)
+            event = replace(event, command_id=command.id, update_id=update.id if with_update else None)
+            kept = update if with_update else None
+            if fused:
+                assert tx.insert_admitted(command, kept, event, last=True)
+            else:
+                assert tx.insert_command(command)
+                if kept is not None:
+                    tx.insert_update(kept)
+                tx.append_event(event)
+            written.append((command, update))
+    (one, _), (two, _) = written
+    ids = ("id", "command_sequence", "request_id")
+    assert _stored(pg_store, "workflow_commands", "id", one.id, ids) == _stored(
+        pg_store, "workflow_commands", "id", two.id, ids
+    )
+    skip = ("position", "tx_id", "command_id", "update_id")
+    events = [_stored(pg_store, "workflow_history_events", "command_id", c.id, skip) for c in (one, two)]
+    assert events[0] == events[1]
+    with pg_store.engine.connect() as conn:
+        linked = conn.execute(
+            text("SELECT command_id, update_id FROM workflow_history_events WHERE command_id IN (:a, :b)"),
+            {"a": one.id, "b": two.id},
+        ).all()
+    expected = {(c.id, u.id if with_update else None) for c, u in written}
+    assert set(map(tuple, linked)) == expected
+    if with_update:
+        updates = [
+            _stored(pg_store, "workflow_updates", "id", u.id, ("id", "command_id")) for _, u in written
+        ]
+        assert updates[0] == updates[1]
