@@ -137,10 +137,10 @@ class FusedStatements:
 
 def _begin_statement(driver: Any) -> str:
     """The ``BEGIN`` psycopg would send for ``driver``'s settings (an engine's ``isolation_level``)."""
-    from psycopg import IsolationLevel
-
     parts = ["BEGIN"]
     if driver.isolation_level is not None:
+        from psycopg import IsolationLevel  # only psycopg's connections come here
+
         parts.append("ISOLATION LEVEL " + IsolationLevel(driver.isolation_level).name.replace("_", " "))
     if driver.read_only is not None:
         parts.append("READ ONLY" if driver.read_only else "READ WRITE")

@@ -24,7 +24,7 @@ from admission.aio import AsyncAdmissionService, open_store, run_sync
 from admission.errors import RunStateError, StorageError
 from admission.intent import receipt_token
 from admission.receipts import AdmissionService, CommandRow, Decision, EventRow, UpdateRow
-from admission.sql import SqlStore, metadata
+from admission.sql import SqlStore, create_admission_engine, metadata
 from tests.support.backends import PostgresPool, database_url
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -233,3 +233,18 @@ def test_the_fused_statement_stores_the_rows_the_statements_one_by_one_store(
             _stored(pg_store, "workflow_updates", "id", u.id, ("id", "command_id")) for _, u in written
         ]
         assert updates[0] == updates[1]
+
+
+@pytest.mark.parametrize("level", ["SERIALIZABLE", None])
+def test_the_begin_sent_with_the_lock_keeps_the_engines_isolation_level(
+    pg_url: str, level: str | None
+) -> None:
+    options = {} if level is None else {"isolation_level": level}
+    store = SqlStore(create_admission_engine(pg_url, **options))
+    try:
+        with store.locked("ns", f"wf-{uuid.uuid4()}", created_at=NOW, new_id=str(uuid.uuid4())) as tx:
+            conn = tx._conn  # type: ignore[attr-defined]
+            shown = conn.execute(text("SHOW transaction_isolation")).scalar_one()
+        assert shown == ("read committed" if level is None else level.lower())
+    finally:
+        store.dispose()
