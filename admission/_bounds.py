@@ -88,6 +88,8 @@ def text_fault(value: object, width: int) -> str | None:
     """
     if type(value) is not str:
         return f"must be a string, got {type(value).__name__}"
+    if 0 < len(value) <= width and value.isascii() and "\x00" not in value:
+        return None  # the common case, decided without encoding (ASCII has no surrogate)
     if not value:
         return "must not be empty"
     if len(value) > width:

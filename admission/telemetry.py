@@ -21,6 +21,7 @@ either, so ``import admission`` stays light.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -103,6 +104,8 @@ class _Instruments:
     status_error: Any
     idle: Callable[[], bool]
     """Whether spans would record nothing: no provider given and no global one set yet."""
+    unmeasured: Callable[[], bool]
+    """The same for measurements: the API's instruments would pass them to no meter."""
 
 
 _explicit: dict[str, object | None] = {"tracer_provider": None, "meter_provider": None}
@@ -165,7 +168,13 @@ def _create() -> _Instruments | None:
         description="Receipt reads of a store with a read replica, by who answered them.",
     )
     return _Instruments(
-        tracer, admissions, duration, replica, trace.Status(trace.StatusCode.ERROR), _idle(trace)
+        tracer,
+        admissions,
+        duration,
+        replica,
+        trace.Status(trace.StatusCode.ERROR),
+        _idle(trace),
+        _unmeasured(),
     )
 
 
@@ -177,7 +186,31 @@ def _idle(trace: Any) -> Callable[[], bool]:
     if _explicit["tracer_provider"] is not None:
         return lambda: False
     placeholders = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-    return lambda: isinstance(trace.get_tracer_provider(), placeholders)
+    from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
+
+    if OTEL_PYTHON_TRACER_PROVIDER in os.environ or not hasattr(trace, "_TRACER_PROVIDER"):
+        return lambda: isinstance(trace.get_tracer_provider(), placeholders)
+    # While no provider is set, get_tracer_provider() looks the environment up on every call
+    # (for a provider named there, none here): the global it sets is read instead, the
+    # environment once.
+    return lambda: (found := trace._TRACER_PROVIDER) is None or isinstance(found, placeholders)
+
+
+def _unmeasured() -> Callable[[], bool]:
+    # As for spans: until a meter provider is set, the API's instruments drop every measurement,
+    # after building its attributes and reading the clock here.  Looked up through the global the
+    # API sets (its lookup function reads the environment on every call while none is set).
+    if _explicit["meter_provider"] is not None:
+        return lambda: False
+    from opentelemetry.environment_variables import OTEL_PYTHON_METER_PROVIDER
+
+    try:
+        from opentelemetry.metrics import _internal as api
+    except ImportError:  # pragma: no cover - an API laid out otherwise: measure every time
+        return lambda: False
+    if OTEL_PYTHON_METER_PROVIDER in os.environ or not hasattr(api, "_METER_PROVIDER"):
+        return lambda: False
+    return lambda: api._METER_PROVIDER is None
 
 
 class Span:
@@ -188,10 +221,18 @@ class Span:
     def __init__(self, span: Any) -> None:
         self._span = span
 
+    @property
+    def recording(self) -> bool:
+        """Whether attributes given to :meth:`set` are kept (callers skip building them if not)."""
+        return self._span is not None
+
     def set(self, attributes: Attributes) -> None:
         """Add ``attributes`` (never a key, an argument or a result: docs/observability.md)."""
         if self._span is not None:
             self._span.set_attributes(attributes)
+
+
+_NOT_RECORDING: Final = Span(None)
 
 
 class span:  # lower case: it reads as a function, ``with span(name, attributes) as current:``
@@ -216,7 +257,7 @@ class span:  # lower case: it reads as a function, ``with span(name, attributes)
 
     def __enter__(self) -> Span:
         if self._context is None:
-            return Span(None)
+            return _NOT_RECORDING
         self._span = self._context.__enter__()
         return Span(self._span)
 
@@ -242,9 +283,10 @@ class Timer:
     def answered(self, command_type: str, decision: str, outcome: str) -> None:
         """Count an answered admission and record its time."""
         found = _lookup()
-        if found is None:
+        if found is None or found.unmeasured():
             return
         seconds = time.perf_counter() - self._start
+        decision = str(decision)  # a StrEnum member is given: its plain value is recorded
         found.admissions.add(
             1,
             {
@@ -260,7 +302,7 @@ class Timer:
     def failed(self, command_type: str, error: BaseException) -> None:
         """Record the time of an admit call that raised."""
         found = _lookup()
-        if found is None:
+        if found is None or found.unmeasured():
             return
         seconds = time.perf_counter() - self._start
         found.admit_duration.record(

@@ -22,6 +22,7 @@ __all__ = [
     "normalize_request_id",
     "receipt_token",
     "validate_request_id",
+    "validated_token",
 ]
 
 MAX_REQUEST_ID_LENGTH: Final = 255
@@ -83,15 +84,29 @@ def validate_request_id(key: object, command_type: str) -> str:
     §2.3), and a signal key starting with ``workflow-signal:``
     (:class:`ReservedRequestIdError`, contract §2.4).
     """
+    _validated(key, command_type)
+    assert isinstance(key, str)
+    return key
+
+
+def _validated(key: object, command_type: str) -> bytes:
+    """The UTF-8 bytes of a caller's key, after the checks of :func:`validate_request_id`."""
     _check_command_type(command_type)
-    _key_bytes(key)
+    raw = _key_bytes(key)
     assert isinstance(key, str)
     if command_type == "signal" and key.startswith(RESERVED_SIGNAL_PREFIX):
         raise ReservedRequestIdError(
             f"keys starting with {RESERVED_SIGNAL_PREFIX!r} are reserved for engine-internal signals",
             request_id=key,
         )
-    return key
+    return raw
+
+
+def validated_token(key: object, command_type: str) -> tuple[str, str]:
+    """:func:`validate_request_id` and :func:`receipt_token` of a caller's key, encoded once."""
+    digest = hashlib.sha256(_validated(key, command_type)).hexdigest()
+    assert isinstance(key, str)
+    return key, f"{command_type}-v1:{digest}"
 
 
 def receipt_token(command_type: str, key: str) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from admission.errors import AdmissionError, InputError, InvalidCommandTypeError
 from admission.receipts._answers import judge_locked
@@ -49,9 +49,12 @@ class BatchCommand:
     run_id: str | None = None
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A command whose input was validated and digested: all the transaction needs of it."""
+class Prepared(NamedTuple):
+    """A command whose input was validated and digested: all the transaction needs of it.
+
+    A named tuple (immutable, as a frozen dataclass would be) since every admission makes one
+    before its read: a tuple is built in one step, a frozen dataclass sets each field in turn.
+    """
 
     command_type: CommandType
     namespace: str

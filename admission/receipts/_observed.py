@@ -70,10 +70,11 @@ def _token(answer: Admission) -> str:
 
 def _admit(command_type: CommandType, method: Method[Admission]) -> Method[Admission]:
     operation = f"admit_{command_type}"
+    span_name = f"admission.{operation}"
 
     @functools.wraps(method)
     def admit(self: AdmissionService, *args: Any, **kwargs: Any) -> Admission:
-        with telemetry.span(f"admission.{operation}", {"admission.command_type": command_type}) as span:
+        with telemetry.span(span_name, {"admission.command_type": command_type}) as span:
             timer = telemetry.Timer()
             try:
                 answer = method(self, *args, **kwargs)
@@ -81,20 +82,22 @@ def _admit(command_type: CommandType, method: Method[Admission]) -> Method[Admis
                 timer.failed(command_type, exc)
                 _refused(operation, exc)
                 raise
-            timer.answered(command_type, str(answer.decision), answer.outcome)
-            # Validated by the service by now: a name that fits its column.
-            name = _argument(args, kwargs, 2, "name")
-            attributes = _admission_attributes(answer)
-            if isinstance(name, str):
-                attributes["admission.name"] = name
-            span.set(attributes)
+            timer.answered(command_type, answer.decision, answer.outcome)
+            # Validated by the service by now: a name that fits its column.  Looked up only
+            # for a span that records or a line that is written (the retry path is short).
+            if span.recording:
+                attributes = _admission_attributes(answer)
+                name = _argument(args, kwargs, 2, "name")
+                if isinstance(name, str):
+                    attributes["admission.name"] = name
+                span.set(attributes)
             level = logging.INFO if answer.decision in _NOTEWORTHY else logging.DEBUG
             if _log.isEnabledFor(level):
                 _log.log(
                     level,
                     "%s %s in %s: %s, %s (token %s)",
                     operation,
-                    name,
+                    _argument(args, kwargs, 2, "name"),
                     answer.namespace,
                     answer.decision,
                     answer.outcome,

@@ -29,7 +29,7 @@ from admission.intent._encoding import (
     canonical_decode,
     canonical_encode,
 )
-from admission.intent._keys import receipt_token, validate_request_id
+from admission.intent._keys import validated_token
 from admission.receipts import _lifecycle as lifecycle
 from admission.receipts._answers import (
     HistoryEvent,
@@ -335,13 +335,12 @@ class AdmissionService(KeyRelease, BatchAdmission):
         # Everything is validated before the transaction: bad input writes nothing.
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
-        key = None if request_id is None else validate_request_id(request_id, command_type)
+        key, token = (None, None) if request_id is None else validated_token(request_id, command_type)
         target = None if run_id is None else _run_id(run_id)
         encoded, stored = intent_and_stored(command_type, name, arguments, target, self._max_size)
         # The name is stored as well as digested: it must fit its column (the digest takes any text).
         _identifier(name, "name")
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
-        token = None if key is None else receipt_token(command_type, key)
         return Prepared(command_type, namespace, workflow_id, name, target, key, token, intent, stored)
 
     def _place(
@@ -505,8 +504,7 @@ class AdmissionService(KeyRelease, BatchAdmission):
         """
         _identifier(namespace, "namespace")
         _identifier(workflow_id, "workflow_id")
-        key = validate_request_id(request_id, command_type)
-        token = receipt_token(command_type, key)
+        key, token = validated_token(request_id, command_type)
         found = self.store.read_receipts(namespace, workflow_id, command_type, [token, key])
         selected, ambiguity = select_receipt([stored_receipt(row, key) for row, _ in found], key, token)
         if ambiguity is not None:

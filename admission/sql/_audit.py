@@ -14,6 +14,7 @@ an argument, a result, a literal key or any other stored value.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -285,11 +286,28 @@ def _payload_field(payload: bytes | None, name: str) -> object:
 
 
 def _sealed(arguments: bytes) -> bool:
-    """Whether stored arguments are a sealed text (an envelope) rather than a list or a map."""
+    """Whether stored arguments are a sealed envelope rather than a list or a map.
+
+    Only the exact text ``store_arguments="envelope"`` writes counts (a JSON
+    object of the string members ``blob`` and ``codec``, keys sorted, no
+    spaces): any other text, such as a tampered byte that happens to decode
+    as a string, is checked against the digests like plaintext and fails.
+    """
     try:
-        return isinstance(canonical_decode(arguments, max_size=max(len(arguments), 1)), str)
+        text = canonical_decode(arguments, max_size=max(len(arguments), 1))
     except AdmissionError:
         return False  # reported by the digest and canonical checks
+    if not isinstance(text, str):
+        return False
+    try:
+        members = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(members, dict) or set(members) != {"blob", "codec"}:
+        return False
+    if not all(isinstance(v, str) for v in members.values()):
+        return False
+    return text == json.dumps(members, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _verify_command(row: Any, found: _Collector) -> None:

@@ -17,8 +17,7 @@ import logging
 import re
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
@@ -521,8 +520,7 @@ Refusals = Mapping[str, Callable[[], AdmissionError]]
 """Constraint name -> the admission error a refusal by that constraint means."""
 
 
-@contextmanager
-def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Iterator[None]:
+class wrap_exceptions:  # lower case: it reads as a function, ``with wrap_exceptions(dialect):``
     """Translate every driver error raised in the block into an admission error, keeping the cause.
 
     A refusal by a constraint named in ``refusals`` becomes that error (the
@@ -531,20 +529,32 @@ def wrap_exceptions(dialect: Dialect, refusals: Refusals | None = None) -> Itera
     driver error become :class:`StorageError`, which callers may retry.
     Errors raised through SQLAlchemy and errors raised by the driver itself
     (statements run on a DBAPI cursor) are translated alike; admission's own
-    errors pass through unchanged.
+    errors pass through unchanged.  A class rather than a generator: it wraps
+    every read of a retry, and one instance holds no state of a block, so a
+    store may keep one and use it in any number of blocks at once.
     """
-    dbapi = dialect.loaded_dbapi
-    try:
-        yield
-    except PoolTimeoutError as exc:
-        # Every connection of the budget stayed in use for the pool's whole timeout.
-        raise StorageError(
-            "no connection of the store's budget came free in time (admission_connections)"
-        ) from exc
-    except DBAPIError as exc:
-        raise _translate(exc.orig or exc, dbapi, refusals) from exc
-    except dbapi.Error as exc:
-        raise _translate(exc, dbapi, refusals) from exc
+
+    __slots__ = ("_dbapi", "_refusals")
+
+    def __init__(self, dialect: Dialect, refusals: Refusals | None = None) -> None:
+        self._dbapi: Any = dialect.loaded_dbapi
+        self._refusals = refusals
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: object) -> None:
+        if error is None:
+            return
+        if isinstance(error, PoolTimeoutError):
+            # Every connection of the budget stayed in use for the pool's whole timeout.
+            raise StorageError(
+                "no connection of the store's budget came free in time (admission_connections)"
+            ) from error
+        if isinstance(error, DBAPIError):
+            raise _translate(error.orig or error, self._dbapi, self._refusals) from error
+        if isinstance(error, self._dbapi.Error):
+            raise _translate(error, self._dbapi, self._refusals) from error
 
 
 def _translate(error: BaseException, dbapi: Any, refusals: Refusals | None) -> AdmissionError:

@@ -10,7 +10,8 @@ bind processor for the dialect, which is what SQLAlchemy applies itself
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import BindParameter, ClauseElement, Dialect, Table
@@ -34,7 +35,7 @@ class RawStatement:
     Engine-level execution events do not see these statements.
     """
 
-    __slots__ = ("_binds", "_names", "_positional", "sql")
+    __slots__ = ("_binds", "_names", "_plain", "_positional", "sql")
 
     def __init__(
         self, statement: ClauseElement, dialect: Dialect, column_keys: Sequence[str] | None = None
@@ -60,9 +61,18 @@ class RawStatement:
             # Anonymous binds (``literal(0)``) carry their value; named ones come from the caller.
             key = None if bind.unique else bind.key
             self._binds.append((name, key, processor, bind.value))
+        # Positional parameters that are the caller's values as given (no processor, no
+        # literal: text columns on SQLite, a retry's receipt read) are taken in one C call.
+        keys = [key for _, key, processor, _ in self._binds if key is not None and processor is None]
+        plain = self._positional and len(keys) == len(self._binds) > 1
+        self._plain: Callable[[Mapping[str, Any]], tuple[Any, ...]] | None = (
+            itemgetter(*keys) if plain else None
+        )
 
-    def parameters(self, params: Mapping[str, Any]) -> list[Any] | dict[str, Any]:
+    def parameters(self, params: Mapping[str, Any]) -> Sequence[Any] | dict[str, Any]:
         """The driver's parameters for ``params``, processed as SQLAlchemy processes them."""
+        if self._plain is not None:
+            return self._plain(params)
         values = []
         for _, key, processor, literal_value in self._binds:
             value = literal_value if key is None else params[key]

@@ -288,6 +288,7 @@ class SqlStore:
         self._replan = self.postgres and pooler_of(engine) is None
         self._raw = ReceiptStatements(engine.dialect)
         self._fused = FusedStatements(engine.dialect) if self.postgres else None
+        self._translating = wrap_exceptions(engine.dialect)  # no state of its own: one for every block
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
         # The kept read and write connections, inside the engine's connection budget.
@@ -362,7 +363,7 @@ class SqlStore:
             yield conn
 
     def _translate(self) -> AbstractContextManager[None]:
-        return wrap_exceptions(self.engine.dialect)
+        return self._translating
 
     def _lock(
         self,
@@ -505,13 +506,10 @@ class SqlStore:
         values = key_values(request_ids, self.postgres)
         if values is None:
             return []
-        params = {
-            "namespace": namespace,
-            "workflow_id": workflow_id,
-            "command_type": command_type,
-            "token": values[0],
-            "raw": values[1],
-        }
+        token, raw = values
+        params = dict(
+            namespace=namespace, workflow_id=workflow_id, command_type=command_type, token=token, raw=raw
+        )
         found: list[tuple[CommandRow, UpdateRow | None]] | None
         if self.replica is not None:
             found = self.replica.read(command_type, params)
@@ -534,7 +532,7 @@ class SqlStore:
         else:
             rows = self._raw.receipts.rows(cursor, params)
             found = [(command_row(r), optional_update_row(r)) for r in rows]
-        if found:
+        if found and not self.postgres:
             # Never answer a retry from a file a restart will not open (docs/guide.md).
             verify_file(connection)
         return found

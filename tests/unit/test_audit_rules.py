@@ -4,12 +4,14 @@ pruning leaves in a log are explained, and one more deleted event never is."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission.intent import INTENT_VERSION, encode_intent, receipt_token
+from admission.intent._encoding import canonical_encode
 from admission.receipts._answers import context_of
 from admission.sql._audit import _Collector, _verify_command, unexplained_gaps
 from tests.support.strategies import ARGUMENTS, TEXT
@@ -129,3 +131,28 @@ def test_holes_only_pruning_made_are_explained_and_one_more_deletion_never_is(
         gone = interior[victim % len(interior)]
         after = [p for p in present if p != gone]
         assert list(unexplained_gaps(marks(after, {p: c for p, c in pruned.items() if p != gone}))) != []
+
+
+def test_a_changed_byte_that_decodes_as_a_text_is_a_mismatch_not_a_sealed_note() -> None:
+    # {} is 0xa0; 0xa0 ^ 0xc0 is 0x60, the empty text: a text, but not an envelope.
+    row = stored("signal", "go", {}, None, None)
+    assert row.arguments == b"\xa0"
+    row.arguments = b"\x60"
+    assert ("arguments_digest_mismatch", "c-1") in findings(row)
+    assert ("sealed", "c-1") not in findings(row)
+
+
+@QUICK
+@given(ARGUMENTS, TEXT, TEXT)
+def test_only_the_envelope_text_the_adapter_writes_is_a_sealed_note(
+    arguments: object, codec: str, blob: str
+) -> None:
+    envelope = json.dumps(
+        {"codec": codec, "blob": blob}, ensure_ascii=False, separators=(",", ":"), sort_keys=True
+    )
+    row = stored("signal", "go", arguments, None, None)
+    row.arguments = canonical_encode(envelope)
+    assert findings(row) == {("sealed", "c-1")}
+    # The same members spaced or in another order are not what the adapter writes.
+    row.arguments = canonical_encode(json.dumps({"blob": blob, "codec": codec}, indent=1))
+    assert ("arguments_digest_mismatch", "c-1") in findings(row)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import unicodedata
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -19,6 +20,7 @@ from admission import (
 )
 from admission.errors import InvalidCommandTypeError
 from admission.intent import TOKEN_PATTERN
+from admission.intent._keys import validated_token
 
 VALID_KEYS = st.text(alphabet=st.characters(exclude_categories=("Cs",)), min_size=1, max_size=255)
 
@@ -144,3 +146,31 @@ def test_normalised_keys_are_stripped_or_none(raw: str) -> None:
     assert normalised == (raw.strip() or None)
     if normalised is not None:
         assert normalised == normalised.strip()
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except (InvalidRequestIdError, ReservedRequestIdError, InvalidCommandTypeError) as exc:
+        return (type(exc), str(exc))
+
+
+ANY_KEYS = st.one_of(
+    st.text(max_size=260),
+    st.sampled_from(["", "workflow-signal:x", "a\ud800b", "x" * 256]),
+    st.builds(lambda key: "workflow-signal:" + key, st.text(max_size=8)),
+    st.integers(),
+    st.none(),
+)
+
+
+@given(ANY_KEYS, st.sampled_from(["signal", "update", "query", ""]))
+def test_the_key_and_its_token_at_once_are_validation_then_the_token(key: object, command_type: str) -> None:
+    # The service's one-step form: the same refusal, or the same key and token, as the two steps.
+    expected = _outcome(
+        lambda: (
+            validate_request_id(key, command_type),
+            receipt_token(command_type, validate_request_id(key, command_type)),
+        )
+    )
+    assert _outcome(lambda: validated_token(key, command_type)) == expected

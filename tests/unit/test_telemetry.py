@@ -568,6 +568,67 @@ def test_import_admission_loads_nothing_of_opentelemetry_before_the_first_span()
     assert done.stdout.strip() == "False"
 
 
+# -- global providers ---------------------------------------------------------------------------------
+
+GLOBAL_PROVIDERS = """
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from admission import AdmissionService, MemoryStore
+
+def counted(reader):
+    data = reader.get_metrics_data()
+    return sum(
+        point.value
+        for resource in (data.resource_metrics if data else ())
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == "admission.admissions"
+        for point in metric.data.data_points
+    )
+
+service = AdmissionService(MemoryStore())
+service.start_run("ns", "wf")
+service.admit_signal("ns", "wf", "poke", [], request_id="before")  # no provider yet: nothing kept
+exporter, reader = InMemorySpanExporter(), InMemoryMetricReader()
+tracer_provider = TracerProvider()
+tracer_provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(tracer_provider)
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+service.admit_signal("ns", "wf", "poke", [], request_id="after")
+service.admit_signal("ns", "wf", "poke", [], request_id="after")
+print(sorted(s.name for s in exporter.get_finished_spans()), counted(reader))
+"""
+
+
+def test_global_providers_set_after_the_first_admission_get_every_later_span_and_count() -> None:
+    # In a process of its own: OpenTelemetry's global providers can be set once per process.
+    done = subprocess.run(
+        [sys.executable, "-c", GLOBAL_PROVIDERS], capture_output=True, text=True, check=True, env=os.environ
+    )
+    # The spans and counts of the two admissions made after the providers were set, none before.
+    assert done.stdout.splitlines() == ["['admission.admit_signal', 'admission.admit_signal'] 2"]
+
+
+def test_a_tracer_provider_named_in_the_environment_gets_the_spans() -> None:
+    # OpenTelemetry loads a provider named by OTEL_PYTHON_TRACER_PROVIDER (an entry point, here
+    # the SDK's) at its first lookup: admission's spans are then recorded, not skipped as idle.
+    script = (
+        "import admission.telemetry as t\n"
+        "from admission import AdmissionService, MemoryStore\n"
+        "AdmissionService(MemoryStore()).start_run('ns', 'wf')\n"
+        "found = t._lookup()\n"
+        "print(found is not None and found.idle())\n"
+    )
+    environ = dict(os.environ, OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 # -- the version line ---------------------------------------------------------------------------------
 
 
