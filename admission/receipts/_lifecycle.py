@@ -61,18 +61,28 @@ def append_event(
     update_id: str | None = None,
 ) -> EventRow:
     """Append one event of the instance's log, its payload canonically encoded."""
+    return tx.append_event(_event(tx, run_id, event_type, now, payload, command_id, update_id))
+
+
+def _event(
+    tx: LockedInstance,
+    run_id: str | None,
+    event_type: str,
+    now: datetime,
+    payload: dict[str, object],
+    command_id: str | None,
+    update_id: str | None,
+) -> EventRow:
     instance = tx.instance
-    return tx.append_event(
-        EventRow(
-            instance.namespace,
-            instance.id,
-            run_id,
-            event_type,
-            command_id,
-            update_id,
-            canonical_encode(payload),
-            now,
-        )
+    return EventRow(
+        instance.namespace,
+        instance.id,
+        run_id,
+        event_type,
+        command_id,
+        update_id,
+        canonical_encode(payload),
+        now,
     )
 
 
@@ -123,10 +133,17 @@ def close_time(tx: LockedInstance, chain: list[str], now: datetime) -> datetime:
 
 
 def admitted(
-    tx: LockedInstance, row: CommandRow, key: str | None, new_id: Callable[[], str], now: datetime
-) -> Admission:
-    """What a freshly inserted command brings beside its row: the update it opens (an
-    update not refused), its event, and its answer (contract §4)."""
+    tx: LockedInstance,
+    row: CommandRow,
+    key: str | None,
+    new_id: Callable[[], str],
+    now: datetime,
+    *,
+    last: bool = False,
+) -> Admission | None:
+    """Insert a fresh command with what it brings beside its row: the update it opens (an update
+    not refused) and its event, in one :meth:`~LockedInstance.insert_admitted` (``last`` as there);
+    its answer (contract §4), or ``None``, nothing written, if its key is already taken."""
     refused = row.rejection_reason is not None
     update: UpdateRow | None = None
     if row.command_type == "update" and not refused:
@@ -134,21 +151,16 @@ def admitted(
         update = UpdateRow(
             new_id(), row.id, row.instance_id, row.run_id, row.name, "accepted", None, None, now, None
         )
-        tx.insert_update(update)
     event_type = (
         "CommandRejected"
         if refused
         else ("SignalReceived" if row.command_type == "signal" else "UpdateAccepted")
     )
-    append_event(
-        tx,
-        row.run_id,
-        event_type,
-        now,
-        command_payload(row, key),
-        command_id=row.id,
-        update_id=update.id if update else None,
+    event = _event(
+        tx, row.run_id, event_type, now, command_payload(row, key), row.id, update.id if update else None
     )
+    if not tx.insert_admitted(row, update, event, last=last):
+        return None
     instance = tx.instance
     return answer(
         Decision.FRESH, instance.namespace, instance.workflow_id, row, update, key, intent_verified=True

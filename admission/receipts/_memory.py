@@ -27,6 +27,7 @@ from admission.receipts._store import (
     PruneTarget,
     RunRow,
     UpdateRow,
+    insert_stepwise,
 )
 
 __all__ = ["MemoryStore"]
@@ -99,6 +100,12 @@ class _MemoryLocked:
             self._t.request_index[key] = row.id
         self._t.commands[row.id] = row
         return True
+
+    def insert_admitted(
+        self, command: CommandRow, update: UpdateRow | None, event: EventRow, *, last: bool = False
+    ) -> bool:
+        # A transaction here commits when its block ends, whatever ``last`` says.
+        return insert_stepwise(self, command, update, event)
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
         return next((u for u in self._t.updates.values() if u.command_id == command_id), None)

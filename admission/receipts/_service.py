@@ -319,7 +319,7 @@ class AdmissionService(KeyRelease, BatchAdmission):
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
         ) as tx:
-            return self._place(tx, item, now, read_before=connection is None)
+            return self._place(tx, item, now, read_before=connection is None, last=True)
 
     def _prepare(
         self,
@@ -343,9 +343,12 @@ class AdmissionService(KeyRelease, BatchAdmission):
         intent = Intent(command_type, name, target, encoded.digest, encoded.arguments_digest)
         return Prepared(command_type, namespace, workflow_id, name, target, key, token, intent, stored)
 
-    def _place(self, tx: LockedInstance, item: Prepared, now: datetime, *, read_before: bool) -> Admission:
+    def _place(
+        self, tx: LockedInstance, item: Prepared, now: datetime, *, read_before: bool, last: bool = False
+    ) -> Admission:
         """Decide and write one prepared command under its instance's lock (``read_before``: its
-        key's committed receipts were read, without the lock, and did not answer it)."""
+        key's committed receipts were read, without the lock, and did not answer it; ``last``: the
+        transaction writes nothing after it, see :meth:`LockedInstance.insert_admitted`)."""
         command_type, name, target, stored = item.command_type, item.name, item.target, item.stored
         key, token, intent = item.key, item.token, item.intent
         # After a read before the lock, the only receipt that can have been
@@ -384,7 +387,8 @@ class AdmissionService(KeyRelease, BatchAdmission):
             arguments_digest=intent.arguments_digest,
             intent_encoding=INTENT_VERSION,
         )
-        if not tx.insert_command(row):
+        admitted = lifecycle.admitted(tx, row, key, self._new_id, now, last=last)
+        if admitted is None:
             # The unique index (contract §4): another caller committed this
             # key after the unlocked read (or wrote it outside the lock).
             # The answer is the receipt now stored, never an error.
@@ -393,7 +397,7 @@ class AdmissionService(KeyRelease, BatchAdmission):
             if known is None:
                 raise AdmissionError("receipt index reported a duplicate that cannot be read back")
             return known
-        return lifecycle.admitted(tx, row, key, self._new_id, now)
+        return admitted
 
     # -- update lifecycle -------------------------------------------------------------
 

@@ -29,6 +29,7 @@ __all__ = [
     "RunRow",
     "Store",
     "UpdateRow",
+    "insert_stepwise",
 ]
 
 
@@ -226,6 +227,19 @@ class LockedInstance(Protocol):
         """Append an event; returns it with its position."""
         ...
 
+    def insert_admitted(
+        self, command: CommandRow, update: UpdateRow | None, event: EventRow, *, last: bool = False
+    ) -> bool:
+        """Insert a fresh command with the update it opens (if any) and its event, all or nothing;
+        ``False``, writing nothing, if the unique receipt index already holds its key.
+
+        ``last``: nothing more is written in this transaction, so a store may
+        commit it with these rows when it is the store's own (never a caller's
+        ``connection=``); after that only reads may follow.
+        :func:`insert_stepwise` does it with the methods above.
+        """
+        ...
+
     def delete_runs(self, run_ids: Sequence[str]) -> PruneCounts:
         """Delete these runs with their commands, updates and events (retention)."""
         ...
@@ -311,3 +325,17 @@ class Store(Protocol):
     def newest_time(self) -> datetime | None:
         """The newest time recorded anywhere in the store's receipts and history, if any."""
         ...
+
+
+def insert_stepwise(
+    tx: LockedInstance, command: CommandRow, update: UpdateRow | None, event: EventRow
+) -> bool:
+    """:meth:`LockedInstance.insert_admitted` made of :meth:`~LockedInstance.insert_command`,
+    :meth:`~LockedInstance.insert_update` and :meth:`~LockedInstance.append_event`, for a store
+    with no shorter way (it commits nothing: the transaction ends as it would have)."""
+    if not tx.insert_command(command):
+        return False
+    if update is not None:
+        tx.insert_update(update)
+    tx.append_event(event)
+    return True

@@ -33,6 +33,7 @@ from admission.receipts._store import (
     PruneTarget,
     RunRow,
     UpdateRow,
+    insert_stepwise,
 )
 from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._connections import USES, budget_of, kept_for, replan_due
@@ -45,9 +46,8 @@ from admission.sql._engine import (
     wrap_exceptions,
 )
 from admission.sql._event_log import read_after
-from admission.sql._greenlet import wait
+from admission.sql._fused import FusedStatements, lock_rows, own_transaction
 from admission.sql._pooler import pooler_of
-from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND,
     COMMANDS_BY_KEYS,
@@ -73,7 +73,13 @@ from admission.sql._receipt_queries import (
     wanted_keys,
 )
 from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
-from admission.sql._retention import expired_ends, latest_time, newest_time
+from admission.sql._retention import (
+    delete_run_rows,
+    delete_runless_refusals,
+    expired_ends,
+    latest_time,
+    newest_time,
+)
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     workflow_commands,
@@ -89,35 +95,31 @@ __all__ = ["SqlStore"]
 T = TypeVar("T")
 
 
-async def _pipelined(
-    connection: Any, lock: RawStatement, lookup: RawStatement, params: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    """:meth:`SqlStore._lock_rows` in one round trip on psycopg's ``AsyncConnection``."""
-    lock_cursor = connection.cursor()
-    lookup_cursor = connection.cursor()
-    async with connection.pipeline():
-        await lock_cursor.execute(lock.sql, lock.parameters(params))
-        await lookup_cursor.execute(lookup.sql, lookup.parameters(params))
-    if not await lock_cursor.fetchall():
-        return []
-    return lookup.as_rows(lookup_cursor.description, await lookup_cursor.fetchall())
-
-
 class _SqlLocked:
     """One instance under the admission lock, on one connection."""
 
     def __init__(
-        self, conn: Connection, cursor: Any, locked: Mapping[str, Any], postgres: bool, raw: ReceiptStatements
+        self,
+        conn: Connection,
+        cursor: Any,
+        locked: Mapping[str, Any],
+        statements: tuple[ReceiptStatements, FusedStatements | None],
+        *,
+        is_async: bool,
+        commits: bool,
     ) -> None:
         self._conn = conn
         # The DBAPI cursor of the same connection, inside the same transaction,
         # for the hot statements (see RawStatement).
         self._cursor = cursor
-        self._raw = raw
+        self._raw, self._fused = statements
+        self._async = is_async
+        # The store's own transaction, begun in the lock's pipeline: its last write may commit it.
+        self._commits = commits
         self._instance = instance_row(locked)
         self._current = current_run_row(locked)
         self._last_sequence: int = locked["last_sequence"] or 0
-        self._postgres = postgres
+        self._postgres = self._fused is not None
 
     @property
     def instance(self) -> InstanceRow:
@@ -165,6 +167,16 @@ class _SqlLocked:
             self._conn.execute(INSERT_COMMAND, values)
             return True
         return bool(self._raw.insert_keyed_command.rows(self._cursor, values))
+
+    def insert_admitted(
+        self, command: CommandRow, update: UpdateRow | None, event: EventRow, *, last: bool = False
+    ) -> bool:
+        if self._fused is None:
+            return insert_stepwise(self, command, update, event)
+        # PostgreSQL: one statement, and COMMIT with it when the transaction is the store's own.
+        dbapi = self._conn.connection.dbapi_connection
+        commit = last and self._commits
+        return self._fused.insert(dbapi, self._cursor, (command, update, event), commit, self._async)
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
         row = self._conn.execute(UPDATE_OF_COMMAND, {"command_id": command_id}).mappings().first()
@@ -222,46 +234,18 @@ class _SqlLocked:
         if not run_ids:
             return PruneCounts()
         runs = list(run_ids)
-        iid = self._instance.id
-        events = self._conn.execute(
-            delete(workflow_history_events).where(
-                workflow_history_events.c.instance_id == iid, workflow_history_events.c.run_id.in_(runs)
-            )
-        ).rowcount
-        updates = self._conn.execute(
-            delete(workflow_updates).where(
-                workflow_updates.c.instance_id == iid, workflow_updates.c.run_id.in_(runs)
-            )
-        ).rowcount
-        commands = self._conn.execute(
-            delete(workflow_commands).where(
-                workflow_commands.c.instance_id == iid, workflow_commands.c.run_id.in_(runs)
-            )
-        ).rowcount
+        events, updates, commands = delete_run_rows(self._conn, self._instance.id, runs)
         if self._instance.current_run_id in runs:
             self.set_current_run(None)
         removed = self._conn.execute(
-            delete(workflow_runs).where(workflow_runs.c.instance_id == iid, workflow_runs.c.id.in_(runs))
+            delete(workflow_runs).where(
+                workflow_runs.c.instance_id == self._instance.id, workflow_runs.c.id.in_(runs)
+            )
         ).rowcount
         return PruneCounts(removed, commands, updates, events)
 
     def delete_runless_refusals(self, before: datetime) -> PruneCounts:
-        stale = select(workflow_commands.c.id).where(
-            workflow_commands.c.instance_id == self._instance.id,
-            workflow_commands.c.run_id.is_(None),
-            workflow_commands.c.created_at < before,
-        )
-        events = self._conn.execute(
-            delete(workflow_history_events).where(
-                workflow_history_events.c.instance_id == self._instance.id,
-                workflow_history_events.c.run_id.is_(None),
-                workflow_history_events.c.command_id.in_(stale),
-            )
-        ).rowcount
-        commands = self._conn.execute(
-            delete(workflow_commands).where(workflow_commands.c.id.in_(stale.scalar_subquery()))
-        ).rowcount
-        return PruneCounts(0, commands, 0, events)
+        return delete_runless_refusals(self._conn, self._instance.id, before)
 
     def latest_time(self, run_ids: Sequence[str]) -> datetime | None:
         return latest_time(self._conn, self._instance.id, run_ids)
@@ -303,6 +287,7 @@ class SqlStore:
         # server session the transaction was lent (admission/sql/_pooler.py).
         self._replan = self.postgres and pooler_of(engine) is None
         self._raw = ReceiptStatements(engine.dialect)
+        self._fused = FusedStatements(engine.dialect) if self.postgres else None
         self._translating = wrap_exceptions(engine.dialect)  # no state of its own: one for every block
         # The engine with admission's write option set once, not per transaction.
         self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
@@ -381,8 +366,16 @@ class SqlStore:
         return self._translating
 
     def _lock(
-        self, conn: Connection, namespace: str, workflow_id: str, created_at: datetime, new_id: str
+        self,
+        conn: Connection,
+        namespace: str,
+        workflow_id: str,
+        created_at: datetime,
+        new_id: str,
+        begin: str | None = None,
     ) -> _SqlLocked:
+        """The instance's lock in ``conn``'s transaction; with ``begin``, the store's own transaction,
+        begun by that statement in the lock's round trip (:func:`~admission.sql._fused.own_transaction`)."""
         params = {"namespace": namespace, "workflow_id": workflow_id}
         dbapi = conn.connection.dbapi_connection
         assert dbapi is not None
@@ -391,10 +384,12 @@ class SqlStore:
             info[USES] = uses = info.get(USES, 0) + 1
             if replan_due(uses):
                 # See REPLAN_AFTER.  Allowed inside a transaction; a caller's
-                # own statements are prepared again too.
+                # own statements are prepared again too.  Before the BEGIN sent with the lock.
+                if begin is not None:
+                    dbapi.autocommit = True
                 dbapi.execute("DEALLOCATE ALL")
         cursor = dbapi.cursor()
-        rows = self._lock_rows(dbapi, cursor, params)
+        rows = self._lock_rows(dbapi, cursor, params, begin)
         if not rows:
             values = {
                 "id": new_id,
@@ -406,46 +401,45 @@ class SqlStore:
             # Two first-time callers both get here; the loser of the insert
             # waits on the winner's uncommitted row and then locks it below.
             insert_or_ignore(conn, workflow_instances, values, ["namespace", "workflow_id"])
-            rows = self._lock_rows(dbapi, cursor, params)
+            rows = self._lock_rows(dbapi, cursor, params, None)
         (row,) = rows
-        return _SqlLocked(conn, cursor, row, self.postgres, self._raw)
+        statements = (self._raw, self._fused)
+        return _SqlLocked(conn, cursor, row, statements, is_async=self._async, commits=begin is not None)
 
-    def _lock_rows(self, dbapi: Any, cursor: Any, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _lock_rows(
+        self, dbapi: Any, cursor: Any, params: Mapping[str, Any], begin: str | None
+    ) -> list[dict[str, Any]]:
         """Take the instance's lock and read it (no rows if it does not exist yet)."""
         lookup = self._raw.instance_lookup
         lock = self._raw.lock_postgres
         if lock is None:
             # SQLite: BEGIN IMMEDIATE already holds the lock.
             return lookup.rows(cursor, params)
-        # PostgreSQL: the lock and the lookup are two statements (see
-        # LOCK_POSTGRES), sent in one round trip.  The server runs them in
-        # order, so the lookup starts, with a new snapshot, only once the lock
-        # is granted, and sees every commit made before.
+        # PostgreSQL: the lock and the lookup are two statements (see LOCK_POSTGRES),
+        # sent in one round trip, with the BEGIN if there is one (admission/sql/_fused.py).
         if not self._pipeline:
             return lookup.rows(cursor, params) if lock.rows(cursor, params) else []
-        if self._async:
-            # The connection is this transaction's alone: its statements are
-            # awaited here as the adapter would await them.
-            return wait(_pipelined(dbapi.driver_connection, lock, lookup, params))
-        lookup_cursor = dbapi.cursor()
-        with dbapi.pipeline():
-            cursor.execute(lock.sql, lock.parameters(params))
-            lookup_cursor.execute(lookup.sql, lookup.parameters(params))
-        if not cursor.fetchall():
-            return []
-        return lookup.fetched(lookup_cursor)
+        return lock_rows(dbapi, cursor, (lock, lookup), params, begin=begin, is_async=self._async)
 
     @contextmanager
-    def _held(self, connection: Connection | None, take: Callable[[Connection], T]) -> Iterator[T]:
-        """A transaction, the caller's or the store's own, with ``take`` run first in it (the locks)."""
+    def _held(
+        self, connection: Connection | None, take: Callable[[Connection, str | None], T], *, single: bool
+    ) -> Iterator[T]:
+        """A transaction, the caller's or the store's own, with ``take`` run first in it (the locks);
+        ``take`` gets the ``BEGIN`` of the store's own for one instance (``single``) on PostgreSQL
+        with pipelines (:func:`~admission.sql._fused.own_transaction`), else ``None``."""
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with self._translate():
                 join_transaction(connection)
-                yield take(connection)
+                yield take(connection, None)
             return
         with self._translate(), self._kept.transaction(self.engine, self._write_engine) as conn:
-            yield take(conn)
+            if not (single and self._pipeline):
+                yield take(conn, None)
+                return
+            with own_transaction(conn) as begin:
+                yield take(conn, begin)
 
     def locked(
         self,
@@ -465,7 +459,11 @@ class SqlStore:
         committed nor rolled back here.
         """
         joined = None if connection is None else caller_connection(self.engine, connection)
-        return self._held(joined, lambda conn: self._lock(conn, namespace, workflow_id, created_at, new_id))
+        return self._held(
+            joined,
+            lambda conn, begin: self._lock(conn, namespace, workflow_id, created_at, new_id, begin),
+            single=True,
+        )
 
     def locked_many(
         self,
@@ -481,7 +479,9 @@ class SqlStore:
         # BEGIN IMMEDIATE already holds the write lock, and the rest only read).
         ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
         return self._held(
-            joined, lambda conn: {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}
+            joined,
+            lambda conn, _: {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered},
+            single=False,
         )
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:

@@ -13,8 +13,20 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, Connection, Select, String, and_, bindparam, func, select, union_all
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    String,
+    and_,
+    bindparam,
+    delete,
+    func,
+    select,
+    union_all,
+)
 
+from admission.receipts._store import PruneCounts
 from admission.sql._engine import utc_or_none
 from admission.sql._schema import (
     workflow_commands,
@@ -24,7 +36,7 @@ from admission.sql._schema import (
     workflow_updates,
 )
 
-__all__ = ["expired_ends", "latest_time", "newest_time"]
+__all__ = ["delete_run_rows", "delete_runless_refusals", "expired_ends", "latest_time", "newest_time"]
 
 _runs, _commands, _updates, _events = (
     workflow_runs,
@@ -143,3 +155,37 @@ def expired_ends(conn: Connection, before: datetime) -> list[tuple[str, str, str
     """(namespace, workflow_id, end run id) of every closed chain whose latest recorded
     time is before ``before``, oldest close first."""
     return [(ns, wf, run_id) for ns, wf, run_id in conn.execute(EXPIRED_ENDS, {"before": before})]
+
+
+def delete_run_rows(connection: Connection, instance_id: str, run_ids: list[str]) -> tuple[int, int, int]:
+    """Delete the events, updates and commands of these runs of one instance; how many of each."""
+    events = connection.execute(
+        delete(_events).where(_events.c.instance_id == instance_id, _events.c.run_id.in_(run_ids))
+    ).rowcount
+    updates = connection.execute(
+        delete(_updates).where(_updates.c.instance_id == instance_id, _updates.c.run_id.in_(run_ids))
+    ).rowcount
+    commands = connection.execute(
+        delete(_commands).where(_commands.c.instance_id == instance_id, _commands.c.run_id.in_(run_ids))
+    ).rowcount
+    return events, updates, commands
+
+
+def delete_runless_refusals(connection: Connection, instance_id: str, before: datetime) -> PruneCounts:
+    """Delete one instance's refusals recorded without a run before ``before``, with their events."""
+    stale = select(_commands.c.id).where(
+        _commands.c.instance_id == instance_id,
+        _commands.c.run_id.is_(None),
+        _commands.c.created_at < before,
+    )
+    events = connection.execute(
+        delete(_events).where(
+            _events.c.instance_id == instance_id,
+            _events.c.run_id.is_(None),
+            _events.c.command_id.in_(stale),
+        )
+    ).rowcount
+    commands = connection.execute(
+        delete(_commands).where(_commands.c.id.in_(stale.scalar_subquery()))
+    ).rowcount
+    return PruneCounts(0, commands, 0, events)

@@ -1,0 +1,266 @@
+"""PostgreSQL's admission in few round trips: the transaction's statements sent together.
+
+A fresh admission on PostgreSQL is, under the lock, ``BEGIN``, the lock,
+the instance lookup, the command's insert, its update's insert (for an
+update), its event's insert and ``COMMIT``.  Sent one at a time they cost a
+round trip each; here they go in two exchanges of psycopg's pipeline mode:
+
+1. ``BEGIN``, the lock and the lookup (:func:`lock_rows`).  The server runs
+   them in order, so the lookup, a new statement under READ COMMITTED, starts
+   only once the lock is granted and sees every commit made before.
+2. One statement that inserts the command, its update and its event
+   (:data:`FUSED_ADMISSION`: data-modifying CTEs, the update and the event
+   inserted only if the command was, so a key already taken writes nothing),
+   then ``COMMIT`` when the transaction is the store's own and the admission
+   is its last write (:func:`write_rows`).
+
+Why it is safe: the pipeline's statements up to its sync are one unit for
+the server.  If the fused statement fails, the server skips everything after
+it until the sync, the ``COMMIT`` too, and the transaction, begun
+explicitly, stays open in error until it is rolled back
+(:func:`own_transaction`): nothing of it is committed
+(``tests/integration/test_fused_admission.py``).  A caller's transaction is
+never committed here: only the store's own takes ``COMMIT`` in the pipeline.
+
+To send ``BEGIN`` in the pipeline instead of psycopg sending it alone (and
+waiting for its answer) before the first statement, the store's own
+transaction runs with the driver connection in autocommit and begins
+explicitly; the commit, or else :func:`own_transaction`, puts the connection
+back out of autocommit before it is given back, so nothing else ever sees it
+so.  Behind a transaction pooler this is the same transaction:
+``BEGIN`` to ``COMMIT``, nothing kept in the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import Any, Final
+
+from sqlalchemy import Dialect, Select, String, bindparam, cast, func, insert, select
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
+
+from admission.receipts._store import CommandRow, EventRow, UpdateRow
+from admission.sql._greenlet import wait
+from admission.sql._raw import RawStatement
+from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, REQUEST_INDEX
+from admission.sql._schema import workflow_commands, workflow_history_events, workflow_updates
+
+__all__ = ["FUSED_ADMISSION", "FusedStatements", "lock_rows", "own_transaction", "write_rows"]
+
+_IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
+
+
+def _fused(with_update: bool) -> Select[Any]:
+    """The fused admission: command (``c_`` parameters), update (``u_``) if ``with_update``, event (``e_``).
+
+    Values selected from the command's CTE are cast to their column's type: a
+    parameter in a select list has no type of its own (a ``NULL`` would be text).
+    Text is cast without its length, which would cut a longer value short: the
+    column refuses it, as it refuses it from a plain insert.
+    """
+    command = (
+        postgresql.insert(workflow_commands)
+        .values(
+            {name: bindparam(f"c_{name}", type_=workflow_commands.c[name].type) for name in COMMAND_FIELDS}
+        )
+        .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
+        .returning(workflow_commands.c.id)
+        .cte("c")
+    )
+
+    def typed(table: Any, prefix: str, name: str) -> Any:
+        column_type = table.c[name].type
+        target = String() if isinstance(column_type, String) else column_type
+        return cast(bindparam(f"{prefix}{name}", type_=column_type), target)
+
+    events = workflow_history_events
+    event = (
+        insert(events)
+        .from_select(
+            [*EVENT_KEYS, "tx_id"],
+            select(*(typed(events, "e_", name) for name in EVENT_KEYS), func.txid_current()).select_from(
+                command
+            ),
+        )
+        .returning(events.c.position, events.c.tx_id)
+        .cte("e")
+    )
+    fused = select(event.c.position, event.c.tx_id)
+    if with_update:
+        names = [c.name for c in workflow_updates.c]
+        update = (
+            insert(workflow_updates)
+            .from_select(
+                names, select(*(typed(workflow_updates, "u_", n) for n in names)).select_from(command)
+            )
+            .cte("u")
+        )
+        # Not referenced by the select: a data-modifying CTE runs all the same.
+        fused = fused.add_cte(update)
+    return fused
+
+
+FUSED_ADMISSION: Final = {False: _fused(False), True: _fused(True)}
+"""The fused admission without and with an update row (see the module docstring)."""
+
+
+class FusedStatements:
+    """:data:`FUSED_ADMISSION` compiled for one PostgreSQL dialect."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.signal = RawStatement(FUSED_ADMISSION[False], dialect)
+        self.update = RawStatement(FUSED_ADMISSION[True], dialect)
+
+    def insert(
+        self,
+        dbapi: Any,
+        cursor: Any,
+        rows: tuple[CommandRow, UpdateRow | None, EventRow],
+        commit: bool,
+        is_async: bool,
+    ) -> bool:
+        """Insert a fresh command, its update and its event (``rows``), and with ``commit`` commit
+        in the same round trip (:func:`write_rows`); ``False``, nothing inserted, if the unique
+        receipt index already holds the command's key."""
+        command, update, event = rows
+        params = {f"c_{name}": value for name, value in vars(command).items()}
+        # The event's position and tx_id are the database's.
+        params.update((f"e_{name}", getattr(event, name)) for name in EVENT_KEYS)
+        statement = self.signal
+        if update is not None:
+            params.update((f"u_{name}", value) for name, value in vars(update).items())
+            statement = self.update
+        return bool(write_rows(dbapi, cursor, statement, params, commit=commit, is_async=is_async))
+
+
+def _begin_statement(driver: Any) -> str:
+    """The ``BEGIN`` psycopg would send for ``driver``'s settings (an engine's ``isolation_level``)."""
+    parts = ["BEGIN"]
+    if driver.isolation_level is not None:
+        from psycopg import IsolationLevel  # only psycopg's connections come here
+
+        parts.append("ISOLATION LEVEL " + IsolationLevel(driver.isolation_level).name.replace("_", " "))
+    if driver.read_only is not None:
+        parts.append("READ ONLY" if driver.read_only else "READ WRITE")
+    if driver.deferrable is not None:
+        parts.append("DEFERRABLE" if driver.deferrable else "NOT DEFERRABLE")
+    return " ".join(parts)
+
+
+@contextmanager
+def own_transaction(connection: Connection) -> Iterator[str]:
+    """The store's own transaction on ``connection``, begun by the caller with the statement yielded.
+
+    The first thing sent must be that ``BEGIN``, in the lock's pipeline, with
+    the driver connection in autocommit (:func:`lock_rows` puts it so, in the
+    same await on the async path).  The block's end commits (nothing is sent
+    if :func:`write_rows` committed already) or, on an exception, rolls back;
+    the connection is then out of autocommit again, before SQLAlchemy's own
+    commit or rollback (which then has nothing to do) and before the
+    connection is given back.
+    """
+    dbapi: Any = connection.connection.dbapi_connection
+    driver: Any = connection.connection.driver_connection
+    try:
+        yield _begin_statement(driver)
+        if driver.info.transaction_status != _IDLE:
+            dbapi.commit()
+    except BaseException:
+        if driver.info.transaction_status != _IDLE:
+            with suppress(Exception):  # the error raised is the one to report
+                dbapi.rollback()
+        raise
+    finally:
+        if driver.autocommit:
+            # Fails only on a broken connection, which is then thrown away.
+            with suppress(Exception):
+                dbapi.autocommit = False
+
+
+async def _lock_async(
+    driver: Any, begin: str | None, statements: tuple[RawStatement, RawStatement], params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    lock, lookup = statements
+    if begin is not None and not driver.autocommit:
+        await driver.set_autocommit(True)
+    lock_cursor = driver.cursor()
+    lookup_cursor = driver.cursor()
+    async with driver.pipeline():
+        if begin is not None:
+            await driver.cursor().execute(begin, prepare=False)
+        await lock_cursor.execute(lock.sql, lock.parameters(params))
+        await lookup_cursor.execute(lookup.sql, lookup.parameters(params))
+    if not await lock_cursor.fetchall():
+        return []
+    return lookup.as_rows(lookup_cursor.description, await lookup_cursor.fetchall())
+
+
+def lock_rows(
+    dbapi: Any,
+    cursor: Any,
+    statements: tuple[RawStatement, RawStatement],
+    params: Mapping[str, Any],
+    *,
+    begin: str | None,
+    is_async: bool,
+) -> list[dict[str, Any]]:
+    """``begin`` (when given: the driver connection is put in autocommit first), the lock and the
+    instance lookup (``statements``) in one round trip; the lookup's rows, none if the instance
+    does not exist yet (the lock found no row)."""
+    if is_async:
+        # The connection is this transaction's alone: its statements are
+        # awaited here as the adapter would await them.
+        return wait(_lock_async(dbapi.driver_connection, begin, statements, params))
+    lock, lookup = statements
+    if begin is not None and not dbapi.autocommit:
+        dbapi.autocommit = True
+    lookup_cursor = dbapi.cursor()
+    with dbapi.pipeline():
+        if begin is not None:
+            dbapi.cursor().execute(begin, prepare=False)
+        cursor.execute(lock.sql, lock.parameters(params))
+        lookup_cursor.execute(lookup.sql, lookup.parameters(params))
+    if not cursor.fetchall():
+        return []
+    return lookup.fetched(lookup_cursor)
+
+
+async def _write_async(
+    driver: Any, statement: RawStatement, params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    cursor = driver.cursor()
+    async with driver.pipeline():
+        await cursor.execute(statement.sql, statement.parameters(params))
+        await driver.cursor().execute("COMMIT", prepare=False)
+    await driver.set_autocommit(False)  # in this await, not one more (own_transaction)
+    return statement.as_rows(cursor.description, await cursor.fetchall())
+
+
+def write_rows(
+    dbapi: Any,
+    cursor: Any,
+    statement: RawStatement,
+    params: Mapping[str, Any],
+    *,
+    commit: bool,
+    is_async: bool,
+) -> list[dict[str, Any]]:
+    """Run ``statement`` and, with ``commit``, ``COMMIT`` in the same round trip; its rows.
+
+    An error in the statement raises, and the ``COMMIT`` is not run: the
+    server skips the rest of a pipeline after an error.  After the commit the
+    connection is out of autocommit: a statement after it (a lost race's read
+    of the stored receipt) runs in a transaction of its own, which the
+    block of :func:`own_transaction` commits.
+    """
+    if not commit:
+        return statement.rows(cursor, params)
+    if is_async:
+        return wait(_write_async(dbapi.driver_connection, statement, params))
+    with dbapi.pipeline():
+        cursor.execute(statement.sql, statement.parameters(params))
+        dbapi.cursor().execute("COMMIT", prepare=False)
+    dbapi.autocommit = False
+    return statement.fetched(cursor)

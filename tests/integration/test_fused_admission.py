@@ -1,0 +1,250 @@
+"""PostgreSQL's fresh admission in few round trips (``admission/sql/_fused.py``).
+
+The store's own transaction begins in the lock's pipeline and a fresh
+admission's rows go in one statement sent with ``COMMIT``.  These tests hold
+it to the rules of any transaction: an error in that statement commits
+nothing of it (not the instance row made for it, not the command), the
+connection is sound and out of autocommit afterwards however the transaction
+ended, and the rows are the ones the statements one by one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select, text
+
+from admission.aio import AsyncAdmissionService, open_store, run_sync
+from admission.errors import RunStateError, StorageError
+from admission.intent import receipt_token
+from admission.receipts import AdmissionService, CommandRow, Decision, EventRow, UpdateRow
+from admission.sql import SqlStore, create_admission_engine, metadata
+from tests.support.backends import PostgresPool, database_url
+
+NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+@pytest.fixture
+def pg_url(postgres_pool: PostgresPool, tmp_path: Any) -> str:
+    return database_url("postgresql", postgres_pool, tmp_path)
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[SqlStore]:
+    store = SqlStore.open(pg_url)
+    yield store
+    store.dispose()
+
+
+def _counts(store: SqlStore) -> dict[str, int]:
+    with store.engine.connect() as conn:
+        return {
+            t.name: int(conn.execute(select(func.count()).select_from(t)).scalar_one())
+            for t in metadata.sorted_tables
+            if t.name.startswith("workflow_")
+        }
+
+
+def _rows(iid: str, run_id: str | None, event_type: str) -> tuple[CommandRow, UpdateRow, EventRow]:
+    command = CommandRow(
+        str(uuid.uuid4()), iid, run_id, 1, "update", "approve", "instance", None, f"tok-{uuid.uuid4()}",
+        None, b"\xa0", "received", "accepted", None, NOW, "d" * 64, "a" * 64, "v1",
+    )  # fmt: skip
+    update = UpdateRow(
+        str(uuid.uuid4()), command.id, iid, run_id or "", "approve", "accepted", None, None, NOW, None
+    )
+    event = EventRow("ns", iid, run_id, event_type, command.id, update.id, b"\xa0", NOW)
+    return command, update, event
+
+
+def _failing_write(store: SqlStore, workflow: str, run_id: str | None) -> None:
+    """A fresh admission whose fused statement fails (an event type longer than its column) as the
+    last write of the store's own transaction, the one sent with ``COMMIT``."""
+    with (
+        pytest.raises(StorageError),
+        store.locked("ns", workflow, created_at=NOW, new_id=str(uuid.uuid4())) as tx,
+    ):
+        command, update, event = _rows(tx.instance.id, run_id, "x" * 200)
+        tx.insert_admitted(command, update if run_id else None, event, last=True)
+
+
+def _assert_out_of_autocommit(store: SqlStore) -> None:
+    """Every write connection the store keeps, and the pool's, is out of autocommit and idle."""
+    for held in store._kept.writers.free:  # type: ignore[attr-defined]
+        driver = held.proxy.connection.driver_connection
+        assert driver.autocommit is False and driver.info.transaction_status == 0
+    with store.engine.connect() as conn:
+        assert conn.connection.driver_connection.autocommit is False
+
+
+@pytest.mark.parametrize("first_time", [True, False], ids=["new-instance", "running-instance"])
+def test_an_error_in_the_statement_sent_with_commit_leaves_nothing_of_the_transaction(
+    pg_store: SqlStore, first_time: bool
+) -> None:
+    store = pg_store
+    service = AdmissionService(store, clock=lambda: NOW)
+    workflow = f"wf-{uuid.uuid4()}"
+    run_id = None if first_time else service.start_run("ns", workflow).run_id
+    before = _counts(store)
+    _failing_write(store, workflow, run_id)
+    # Nothing: not the command, its update or its event, nor (first time) the instance row.
+    assert _counts(store) == before
+    _assert_out_of_autocommit(store)
+    # The store goes on: the same instance admits, and the rows are there.
+    answer = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+    # A fresh update, or with no run yet a fresh refusal (no update row).
+    assert answer.decision is Decision.FRESH and (answer.update_id is not None) == (run_id is not None)
+    grown = {k: v - before[k] for k, v in _counts(store).items() if v != before[k]}
+    expected = {"workflow_commands": 1, "workflow_history_events": 1}
+    if run_id:
+        expected["workflow_updates"] = 1
+    else:
+        expected["workflow_instances"] = 1
+    assert grown == expected
+
+
+def test_the_async_store_rolls_back_the_failed_statement_and_goes_on(pg_url: str) -> None:
+    async def main() -> None:
+        store = await open_store(pg_url)
+        sync = store.sync
+        assert isinstance(sync, SqlStore) and sync.engine.dialect.is_async
+        service = AsyncAdmissionService(store, clock=lambda: NOW)
+        workflow = f"wf-{uuid.uuid4()}"
+        run = await service.start_run("ns", workflow)
+        before = await run_sync(_counts, sync)
+        await run_sync(_failing_write, sync, workflow, run.run_id)
+        assert await run_sync(_counts, sync) == before
+        answer = await service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+        again = await service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+        assert (answer.decision, again.decision) == (Decision.FRESH, Decision.RETAINED)
+        assert again.update_id == answer.update_id
+        await run_sync(_assert_out_of_autocommit, sync)
+        await store.dispose()
+
+    asyncio.run(main())
+
+
+def test_every_ending_of_the_stores_transaction_leaves_the_connection_out_of_autocommit(pg_url: str) -> None:
+    # A budget of one: no connection is kept, each transaction goes round the pool's one.
+    for connections in (1, 8):
+        store = SqlStore.open(pg_url, connections=connections)
+        try:
+            service = AdmissionService(store)
+            workflow = f"wf-{uuid.uuid4()}"
+            service.start_run("ns", workflow)  # committed at the block's end
+            fresh = service.admit_signal("ns", workflow, "go", [1], request_id="k")  # committed with its rows
+            assert service.admit_signal("ns", workflow, "go", [1], request_id="k").retained
+            with pytest.raises(RunStateError):  # refused under the lock: rolled back
+                service.start_run("ns", workflow)
+            batch = service.admit_many([])
+            assert fresh.decision is Decision.FRESH and batch == []
+            _assert_out_of_autocommit(store)
+            # A transaction on the pool's connection is one transaction, not one per statement.
+            with store.engine.begin() as conn:
+                ids = [conn.execute(text("SELECT txid_current()")).scalar_one() for _ in range(2)]
+            assert ids[0] == ids[1]
+        finally:
+            store.dispose()
+
+
+def test_a_lost_race_for_the_key_commits_nothing_of_the_command_and_answers_with_the_stored_receipt(
+    pg_store: SqlStore,
+) -> None:
+    store = pg_store
+    service = AdmissionService(store, clock=lambda: NOW)
+    workflow = f"wf-{uuid.uuid4()}"
+    run = service.start_run("ns", workflow)
+    first = service.admit_update("ns", workflow, "approve", {"n": 1}, request_id="k-1")
+    before = _counts(store)
+    with store.locked("ns", workflow, created_at=NOW, new_id="unused") as tx:
+        (stored,) = tx.find_commands("update", [receipt_token("update", "k-1"), "k-1"])
+        assert stored.id == first.command_id
+        command, update, event = _rows(tx.instance.id, run.run_id, "UpdateAccepted")
+        taken = replace(command, request_id=stored.request_id, command_sequence=99)
+        assert tx.insert_admitted(taken, update, event, last=True) is False
+        # Committed (nothing of this admission), then read as the lost race reads it.
+        assert [c.id for c in tx.find_commands("update", [stored.request_id or ""])] == [stored.id]
+    assert _counts(store) == before
+    _assert_out_of_autocommit(store)
+
+
+def _stored(store: SqlStore, table: str, key: str, value: object, skip: tuple[str, ...]) -> list[object]:
+    """A row as the database holds it: each column's type and text, but ``skip``."""
+    columns = [c.name for c in metadata.tables[table].c if c.name not in skip]
+    selected = ", ".join(f"pg_typeof({c})::text, {c}::text" for c in columns)
+    with store.engine.connect() as conn:
+        return list(
+            conn.execute(text(f"SELECT {selected} FROM {table} WHERE {key} = :v"), {"v": value}).one()
+        )
+
+
+@pytest.mark.parametrize("with_update", [True, False], ids=["update", "signal"])
+@pytest.mark.parametrize("nulls", [True, False], ids=["nulls", "values"])
+def test_the_fused_statement_stores_the_rows_the_statements_one_by_one_store(
+    pg_store: SqlStore, with_update: bool, nulls: bool
+) -> None:
+    service = AdmissionService(pg_store, clock=lambda: NOW)
+    workflow = f"wf-{uuid.uuid4()}"
+    run_id = service.start_run("ns", workflow).run_id
+    written = []
+    for fused, sequence in ((True, 1), (False, 2)):
+        with pg_store.locked("ns", workflow, created_at=NOW, new_id="unused") as tx:
+            command, update, event = _rows(tx.instance.id, run_id, "UpdateAccepted")
+            command = replace(command, command_sequence=sequence)
+            if nulls:
+                command = replace(command, context=None, intent_digest=None, request_id=None)
+                event = replace(event, run_id=None, update_id=None)
+            else:
+                command = replace(command, requested_run_id=run_id, rejection_reason="r")
+                update = replace(update, result=b"\x00\xff", failure="f", completed_at=NOW)
+            event = replace(event, command_id=command.id, update_id=update.id if with_update else None)
+            kept = update if with_update else None
+            if fused:
+                assert tx.insert_admitted(command, kept, event, last=True)
+            else:
+                assert tx.insert_command(command)
+                if kept is not None:
+                    tx.insert_update(kept)
+                tx.append_event(event)
+            written.append((command, update))
+    (one, _), (two, _) = written
+    ids = ("id", "command_sequence", "request_id")
+    assert _stored(pg_store, "workflow_commands", "id", one.id, ids) == _stored(
+        pg_store, "workflow_commands", "id", two.id, ids
+    )
+    skip = ("position", "tx_id", "command_id", "update_id")
+    events = [_stored(pg_store, "workflow_history_events", "command_id", c.id, skip) for c in (one, two)]
+    assert events[0] == events[1]
+    with pg_store.engine.connect() as conn:
+        linked = conn.execute(
+            text("SELECT command_id, update_id FROM workflow_history_events WHERE command_id IN (:a, :b)"),
+            {"a": one.id, "b": two.id},
+        ).all()
+    expected = {(c.id, u.id if with_update else None) for c, u in written}
+    assert set(map(tuple, linked)) == expected
+    if with_update:
+        updates = [
+            _stored(pg_store, "workflow_updates", "id", u.id, ("id", "command_id")) for _, u in written
+        ]
+        assert updates[0] == updates[1]
+
+
+@pytest.mark.parametrize("level", ["SERIALIZABLE", None])
+def test_the_begin_sent_with_the_lock_keeps_the_engines_isolation_level(
+    pg_url: str, level: str | None
+) -> None:
+    options = {} if level is None else {"isolation_level": level}
+    store = SqlStore(create_admission_engine(pg_url, **options))
+    try:
+        with store.locked("ns", f"wf-{uuid.uuid4()}", created_at=NOW, new_id=str(uuid.uuid4())) as tx:
+            conn = tx._conn  # type: ignore[attr-defined]
+            shown = conn.execute(text("SHOW transaction_isolation")).scalar_one()
+        assert shown == ("read committed" if level is None else level.lower())
+    finally:
+        store.dispose()
