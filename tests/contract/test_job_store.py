@@ -681,11 +681,13 @@ class _Watched:
         self.calls.append(step)
         if step == 2 and len(self.calls) == 2:
             for _ in range(3):
-                before = self.renewed()  # type: ignore[operator]
                 answer = self.other.claim("j1")
                 self.claims.append(answer.outcome if answer.lease is None else "claimed")
                 if answer.lease is not None:
                     break
+                # Counted after the claim: a renewal the claim already saw must not end the
+                # wait, or the next claim would find the heartbeat it saw a whole lease ago.
+                before = self.renewed()  # type: ignore[operator]
                 self.other_clock.advance(LEASE + 1)  # a whole lease on the watcher's clock
                 give_up = time.monotonic() + (5 if before is not None else 0.3)
                 while time.monotonic() < give_up and (before is None or self.renewed() == before):  # type: ignore[operator]
