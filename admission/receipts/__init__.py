@@ -52,6 +52,7 @@ from admission.receipts._store import (
     RunRow,
     Store,
     UpdateRow,
+    insert_stepwise,
 )
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "closing_event",
     "failure_name",
     "http_status",
+    "insert_stepwise",
     "json_value",
     "judge_receipts",
     "judge_target",
