@@ -52,25 +52,20 @@ from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url, ope
 # -- the run sizes ---------------------------------------------------------------------------
 
 IN_CI = bool(os.environ.get("CI"))
-# The default set: the whole file in well under a minute on all three backends, in CI too.
-MAX_EXAMPLES = int(os.environ.get("CONFORMANCE_EXAMPLES", 60))
-STEP_COUNT = int(os.environ.get("CONFORMANCE_STEPS", 30))
-# The long run: enough examples to meet every coverage label of the derandomised run
-# (checked at 200), several minutes per SQL backend on two cores.  It is in the extra set,
-# which CI runs as a step of its own, so the default set stays short.
-LONG_EXAMPLES = int(os.environ.get("CONFORMANCE_LONG_EXAMPLES", 200))
-LONG_STEPS = int(os.environ.get("CONFORMANCE_LONG_STEPS", 40))
+# Default: the whole file in well under a minute on all three backends.  CI: enough examples
+# to meet every coverage label of the derandomised run (checked at 200), the file in about
+# two minutes on two cores.
+MAX_EXAMPLES = int(os.environ.get("CONFORMANCE_EXAMPLES", 200 if IN_CI else 60))
+STEP_COUNT = int(os.environ.get("CONFORMANCE_STEPS", 40 if IN_CI else 30))
 # The async service and the two modes run a sixth as many examples: they add a path or a
 # way of sending to what the main runs already check.
-MODE_EXAMPLES = max((LONG_EXAMPLES if IN_CI else MAX_EXAMPLES) // 6, 10)
+MODE_EXAMPLES = max(MAX_EXAMPLES // 6, 10)
 
 
-def sized(examples: int, steps: int) -> settings:
+def sized(examples: int) -> settings:
     return settings(
         max_examples=examples,
-        stateful_step_count=steps,
-        # The long runs' labels are checked on the derandomised sequence, wherever they run.
-        derandomize=IN_CI or examples >= LONG_EXAMPLES,
+        stateful_step_count=STEP_COUNT,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
@@ -125,7 +120,7 @@ def run_kit(run: str, target: Target, options: Options, examples: int, coverage:
     stats = machine.stats  # type: ignore[attr-defined]
     started = time.perf_counter()
     try:
-        run_state_machine_as_test(machine, settings=sized(examples, options.steps))
+        run_state_machine_as_test(machine, settings=sized(examples))
     except AssertionError as failure:
         # The shrunk sequence, as the kit saw it, one line per call.
         trace = "\n".join(stats.trace)
@@ -153,17 +148,7 @@ def test_admission_and_lifecycle_follow_the_contract(store: Store, request: pyte
     # keeps long runs (and shrinking) linear.  The SQL stores keep every example's rows, so each
     # example also runs beside the others'.
     target = ServiceTarget.memory() if isinstance(store, MemoryStore) else ServiceTarget(store, name=backend)
-    run_kit(backend, target, Options(steps=STEP_COUNT), MAX_EXAMPLES, COVERAGE)
-
-
-@pytest.mark.extra
-def test_a_long_run_follows_the_contract_and_reaches_every_label(
-    store: Store, request: pytest.FixtureRequest
-) -> None:
-    """The run above at CI's size, derandomised under CI's profile: every coverage label is met."""
-    backend = backend_of(request)
-    target = ServiceTarget.memory() if isinstance(store, MemoryStore) else ServiceTarget(store, name=backend)
-    run_kit(f"{backend}-long", target, Options(steps=LONG_STEPS), LONG_EXAMPLES, CI_COVERAGE)
+    run_kit(backend, target, Options(steps=STEP_COUNT), MAX_EXAMPLES, CI_COVERAGE if IN_CI else COVERAGE)
 
 
 # The other runs: memory, and SQLite (when the backend switch selects it) in the extra set,
@@ -221,7 +206,7 @@ def report_steps(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         "conformance steps: "
         + " ".join(f"{run}={STEPS[run]}" for run in STEPS)
         + f" (profile {profile}: {MAX_EXAMPLES} examples ({MODE_EXAMPLES} for the async service and the"
-        + f" modes) x <= {STEP_COUNT} steps, the long runs {LONG_EXAMPLES} x <= {LONG_STEPS}; seconds "
+        + f" modes) x <= {STEP_COUNT} steps; seconds "
         + " ".join(f"{run}={SECONDS.get(run, 0.0):.1f}" for run in STEPS)
         + ")"
     )
