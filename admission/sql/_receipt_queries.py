@@ -46,6 +46,7 @@ __all__ = [
     "INSERT_COMMAND",
     "INSERT_RUN",
     "INSERT_UPDATE",
+    "PAIRED_LOOKUPS",
     "PENDING",
     "RUN",
     "UPDATE",
@@ -64,6 +65,7 @@ __all__ = [
     "run_row",
     "signal_receipt_reads",
     "update_row",
+    "value_pairs",
 ]
 
 REQUEST_INDEX: Final = ("instance_id", "command_type", "request_id")
@@ -346,6 +348,20 @@ def key_values(request_ids: Sequence[str], postgres: bool) -> tuple[str, str] | 
     if len(wanted) > 2:
         raise ValueError("a receipt lookup compares at most two values")
     return wanted[0], wanted[-1]
+
+
+PAIRED_LOOKUPS: Final = 4
+"""Up to this many pairs of values (keys, each as token and raw key), a lookup sends the raw
+two-value statement once per pair: cheaper than the expanding ``IN`` of :data:`COMMANDS_BY_KEYS`,
+whose parameters SQLAlchemy processes anew on every call."""
+
+
+def value_pairs(request_ids: Sequence[str], postgres: bool) -> list[tuple[str, str]] | None:
+    """``request_ids`` as :func:`key_values` pairs, in order; ``None`` if over :data:`PAIRED_LOOKUPS`."""
+    if len(request_ids) > 2 * PAIRED_LOOKUPS:
+        return None
+    pairs = (key_values(request_ids[i : i + 2], postgres) for i in range(0, len(request_ids), 2))
+    return [pair for pair in pairs if pair is not None]
 
 
 def receipt_order(

@@ -70,6 +70,7 @@ from admission.sql._receipt_queries import (
     receipt_order,
     run_row,
     update_row,
+    value_pairs,
     wanted_keys,
 )
 from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
@@ -135,16 +136,15 @@ class _SqlLocked:
         return self._current
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
-        if len(request_ids) > 2:  # a batch's lookup of all its keys at once
+        pairs = value_pairs(request_ids, self._postgres)
+        if pairs is None:  # a batch's lookup of many keys at once
             wanted = wanted_keys(request_ids, self._postgres)
             params = {"iid": self._instance.id, "command_type": command_type, "request_ids": wanted}
             found = self._conn.execute(COMMANDS_BY_KEYS, params)
             return [command_row(r) for r in found.mappings()]
-        values = key_values(request_ids, self._postgres)
-        if values is None:
-            return []
-        params = dict(iid=self._instance.id, command_type=command_type, token=values[0], raw=values[1])
-        rows = [(command_row(r), None) for r in self._raw.commands_by_key.rows(self._cursor, params)]
+        fixed, lookup = {"iid": self._instance.id, "command_type": command_type}, self._raw.commands_by_key
+        each_pair = (lookup.rows(self._cursor, {**fixed, "token": t, "raw": r}) for t, r in pairs)
+        rows = [(command_row(row), None) for each in each_pair for row in each]
         return [command for command, _ in (receipt_order(rows) if len(rows) > 1 else rows)]
 
     def get_command(self, command_id: str) -> CommandRow | None:
