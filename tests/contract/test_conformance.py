@@ -92,10 +92,8 @@ CI_COVERAGE = [
     "twin arguments",
     "apply fresh",
     "apply again",
-    "apply rejected",
     "apply unknown",
     "completed fresh",
-    "completed again",
     "completed refused",
     "completed unknown",
     "failed fresh",
@@ -108,6 +106,11 @@ CI_COVERAGE = [
     "pruned run-less refusals",
     "fresh again after pruning",
 ]
+# Not required: "apply rejected" and "completed again".  The derandomised sequence reaches them
+# in some runs and not in others (it has missed each in a whole CI-size run, on every store
+# alike), so requiring them made the check depend on the run, not on the code.  Their rules are
+# checked directly instead: tests/contract/test_lifecycle.py (a signal the close rejected cannot
+# be applied) and tests/contract/test_service.py (completing an update again is retained).
 
 STEPS: Counter[str] = Counter()
 SEEN: dict[str, Counter[str]] = {}
