@@ -104,9 +104,9 @@ def _validated(key: object, command_type: str) -> bytes:
 
 def validated_token(key: object, command_type: str) -> tuple[str, str]:
     """:func:`validate_request_id` and :func:`receipt_token` of a caller's key, encoded once."""
-    digest = hashlib.sha256(_validated(key, command_type)).hexdigest()
+    token = _token(command_type, _validated(key, command_type))
     assert isinstance(key, str)
-    return key, f"{command_type}-v1:{digest}"
+    return key, token
 
 
 def receipt_token(command_type: str, key: str) -> str:
@@ -116,5 +116,9 @@ def receipt_token(command_type: str, key: str) -> str:
     is not refused here, because the engine's own internal signals need tokens
     too (:func:`validate_request_id` guards caller input).
     """
-    prefix = _check_command_type(command_type)
-    return f"{prefix}-v1:{hashlib.sha256(_key_bytes(key)).hexdigest()}"
+    return _token(_check_command_type(command_type), _key_bytes(key))
+
+
+def _token(prefix: str, raw: bytes) -> str:
+    """The token of a key's UTF-8 bytes (:func:`receipt_token`), for a checked command type."""
+    return f"{prefix}-v1:{hashlib.sha256(raw).hexdigest()}"
