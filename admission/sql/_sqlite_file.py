@@ -173,9 +173,7 @@ class GuardedConnection(sqlite3.Connection):
 
     def check_files(self) -> None:
         """:meth:`check_file`, and the same for the write-ahead log."""
-        path = self._path
-        if path is not None and _identity(path) != self._identity:
-            raise _moved(path, "database file")
+        self.check_file()
         wal = self._wal
         if wal is None:
             return
