@@ -140,6 +140,12 @@ def _lookup() -> _Instruments | None:
     return _instruments[0]
 
 
+def _measuring() -> _Instruments | None:
+    """The instruments, or ``None`` when a measurement would reach no meter (see ``unmeasured``)."""
+    found = _lookup()
+    return None if found is None or found.unmeasured() else found
+
+
 def _create() -> _Instruments | None:
     try:
         from opentelemetry import metrics, trace
@@ -282,8 +288,8 @@ class Timer:
 
     def answered(self, command_type: str, decision: str, outcome: str) -> None:
         """Count an answered admission and record its time."""
-        found = _lookup()
-        if found is None or found.unmeasured():
+        found = _measuring()
+        if found is None:
             return
         seconds = time.perf_counter() - self._start
         decision = str(decision)  # a StrEnum member is given: its plain value is recorded
@@ -301,8 +307,8 @@ class Timer:
 
     def failed(self, command_type: str, error: BaseException) -> None:
         """Record the time of an admit call that raised."""
-        found = _lookup()
-        if found is None or found.unmeasured():
+        found = _measuring()
+        if found is None:
             return
         seconds = time.perf_counter() - self._start
         found.admit_duration.record(
@@ -313,7 +319,7 @@ class Timer:
 def batch_answered(command_type: str, decision: str, outcome: str) -> None:
     """Count one answered command of a batch (``admit_many``): in the admissions counter, not in
     the duration histogram, whose every value is the time of one admit call."""
-    found = _lookup()
+    found = _measuring()
     if found is not None:
         found.admissions.add(
             1,
@@ -327,7 +333,7 @@ def batch_answered(command_type: str, decision: str, outcome: str) -> None:
 
 def replica_read(answer: str) -> None:
     """Count a receipt read of a store with a read replica: ``replica``, ``primary`` or ``unavailable``."""
-    found = _lookup()
+    found = _measuring()
     if found is not None:
         found.replica_reads.add(1, {"admission.replica.answer": answer})
 
