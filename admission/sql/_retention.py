@@ -159,15 +159,10 @@ def expired_ends(conn: Connection, before: datetime) -> list[tuple[str, str, str
 
 def delete_run_rows(connection: Connection, instance_id: str, run_ids: list[str]) -> tuple[int, int, int]:
     """Delete the events, updates and commands of these runs of one instance; how many of each."""
-    events = connection.execute(
-        delete(_events).where(_events.c.instance_id == instance_id, _events.c.run_id.in_(run_ids))
-    ).rowcount
-    updates = connection.execute(
-        delete(_updates).where(_updates.c.instance_id == instance_id, _updates.c.run_id.in_(run_ids))
-    ).rowcount
-    commands = connection.execute(
-        delete(_commands).where(_commands.c.instance_id == instance_id, _commands.c.run_id.in_(run_ids))
-    ).rowcount
+    events, updates, commands = (
+        connection.execute(delete(t).where(t.c.instance_id == instance_id, t.c.run_id.in_(run_ids))).rowcount
+        for t in (_events, _updates, _commands)  # children before the commands they point at
+    )
     return events, updates, commands
 
 
