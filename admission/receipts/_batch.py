@@ -25,12 +25,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from admission.errors import AdmissionError, InputError, InvalidCommandTypeError
 from admission.receipts._answers import judge_locked
 from admission.receipts._rules import Admission, CommandType, Intent
-from admission.receipts._store import CommandRow, LockedInstance, Store
+from admission.receipts._store import (
+    CommandRow,
+    EventRow,
+    InstanceRow,
+    LockedInstance,
+    RunRow,
+    Store,
+    UpdateRow,
+)
 
 __all__ = ["BatchAdmission", "BatchCommand", "Prepared"]
 
@@ -121,12 +129,37 @@ class BatchAdmission:
             # instances wait for each other instead of deadlocking.
             keys = sorted({(item.namespace, item.workflow_id) for _, item in ready})
             new_ids = [self._new_id() for _ in keys]
-            with self.store.locked_many(keys, created_at=now, new_ids=new_ids, connection=connection) as held:
-                found = _stored_under_keys(held, [item for _, item in ready])
-                written: set[tuple[str, str, str, str]] = set()
-                for index, item in ready:
-                    answers[index] = self._admit_held(held, item, now, found, written)
+            # Within the store's own transaction the batch's rows are written together
+            # (_Pending); a caller's transaction gets each as it is decided, as a single call's.
+            together = connection is None
+            try:
+                self._admit_ready(ready, answers, keys, new_ids, now, connection, together)
+            except _Raced:
+                # Nothing of the batch was committed: decide it again, row by row.
+                self._admit_ready(ready, answers, keys, new_ids, now, connection, False)
         return [answer for answer in answers if answer is not None]
+
+    def _admit_ready(
+        self,
+        ready: Sequence[tuple[int, Prepared]],
+        answers: list[Admission | AdmissionError | None],
+        keys: Sequence[tuple[str, str]],
+        new_ids: Sequence[str],
+        now: datetime,
+        connection: object | None,
+        together: bool,
+    ) -> None:
+        """Admit the valid items in one transaction, each answer at its index in ``answers``."""
+        with self.store.locked_many(keys, created_at=now, new_ids=new_ids, connection=connection) as held:
+            found = _stored_under_keys(held, [item for _, item in ready])
+            first = next(iter(held.values()))
+            pending = _Pending(first) if together and hasattr(first, "insert_admitted_many") else None
+            deciding = held if pending is None else {k: _Deferred(tx, pending) for k, tx in held.items()}
+            written: set[tuple[str, str, str, str]] = set()
+            for index, item in ready:
+                answers[index] = self._admit_held(deciding, item, now, found, written)
+            if pending is not None:
+                pending.flush()
 
     def _admit_held(
         self,
@@ -182,7 +215,89 @@ def _stored_under_keys(
             wanted.setdefault((item.namespace, item.workflow_id, item.command_type), []).extend(
                 (item.token, item.key)
             )
-    return {
-        (ns, wf, kind): held[(ns, wf)].find_commands(kind, list(dict.fromkeys(values)))
-        for (ns, wf, kind), values in wanted.items()
-    }
+    if not wanted:
+        return {}
+    many = getattr(next(iter(held.values())), "find_commands_many", None)
+    if many is None:
+        return {
+            (ns, wf, kind): held[(ns, wf)].find_commands(kind, list(dict.fromkeys(values)))
+            for (ns, wf, kind), values in wanted.items()
+        }
+    ids = {key: tx.instance.id for key, tx in held.items()}
+    found: dict[tuple[str, str], list[CommandRow]] = many(
+        {(ids[(ns, wf)], kind): list(dict.fromkeys(values)) for (ns, wf, kind), values in wanted.items()}
+    )
+    return {(ns, wf, kind): found[(ids[(ns, wf)], kind)] for ns, wf, kind in wanted}
+
+
+class _Raced(Exception):
+    """A batch's rows met a key in the unique receipt index that its lookup under the locks did
+    not find (a write outside the admission lock): the transaction is rolled back."""
+
+
+class _Pending:
+    """A batch's fresh admissions not yet written: written together, by one of its locked
+    instances, before anything else reads or writes in the transaction, and at its end.
+
+    One statement per table for the whole batch instead of one per row (and,
+    on PostgreSQL, one round trip); the rows are those :func:`insert_stepwise`
+    would write, in the same order, so event positions are as they would have been.
+    """
+
+    __slots__ = ("_rows", "_writer")
+
+    def __init__(self, writer: LockedInstance) -> None:
+        self._writer = writer
+        self._rows: list[tuple[CommandRow, UpdateRow | None, EventRow]] = []
+
+    def add(self, admitted: tuple[CommandRow, UpdateRow | None, EventRow]) -> None:
+        self._rows.append(admitted)
+
+    def flush(self) -> None:
+        """Write what is pending (raises :class:`_Raced` if a key was taken)."""
+        if self._rows:
+            rows, self._rows = self._rows, []
+            if not self._writer.insert_admitted_many(rows):
+                raise _Raced
+
+
+class _Deferred:
+    """A batch's locked instance whose fresh admissions wait in the batch's :class:`_Pending`.
+
+    Deciding a fresh admission asks the instance, its current run and its next
+    sequence, which are what the lock read (the sequence is counted here from
+    the first one the store gives, so rows still pending count too), and
+    inserts; every other method reads or writes the database, so what is
+    pending is written first and the method sees the transaction as it would
+    have (a retry of an earlier item, an update's row).
+    """
+
+    def __init__(self, tx: LockedInstance, pending: _Pending) -> None:
+        self._tx = tx
+        self._pending = pending
+        self._sequence: int | None = None
+
+    @property
+    def instance(self) -> InstanceRow:
+        return self._tx.instance
+
+    def current_run(self) -> RunRow | None:
+        return self._tx.current_run()
+
+    def next_command_sequence(self) -> int:
+        if self._sequence is None:
+            # Nothing of this instance is pending yet: the store's answer is complete.
+            self._sequence = self._tx.next_command_sequence()
+        else:
+            self._sequence += 1
+        return self._sequence
+
+    def insert_admitted(
+        self, command: CommandRow, update: UpdateRow | None, event: EventRow, *, last: bool = False
+    ) -> bool:
+        self._pending.add((command, update, event))
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        self._pending.flush()
+        return getattr(self._tx, name)

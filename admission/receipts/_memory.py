@@ -83,6 +83,15 @@ class _MemoryLocked:
         ]
         return sorted(rows, key=lambda c: (c.created_at, c.command_sequence))
 
+    def find_commands_many(
+        self, wanted: Mapping[tuple[str, str], Sequence[str]]
+    ) -> dict[tuple[str, str], list[CommandRow]]:
+        # Every instance of the transaction shares the working tables.
+        return {
+            (iid, kind): _MemoryLocked(self._t, iid).find_commands(kind, ids)
+            for (iid, kind), ids in wanted.items()
+        }
+
     def get_command(self, command_id: str) -> CommandRow | None:
         row = self._t.commands.get(command_id)
         return row if row is not None and row.instance_id == self._id else None
@@ -106,6 +115,10 @@ class _MemoryLocked:
     ) -> bool:
         # A transaction here commits when its block ends, whatever ``last`` says.
         return insert_stepwise(self, command, update, event)
+
+    def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
+        # Every instance of the transaction shares the working tables: any of them inserts for all.
+        return all(insert_stepwise(self, command, update, event) for command, update, event in admitted)
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
         return next((u for u in self._t.updates.values() if u.command_id == command_id), None)

@@ -174,6 +174,15 @@ class LockedInstance(Protocol):
         """Commands of this type whose ``request_id`` is one of ``request_ids``, oldest first."""
         ...
 
+    def find_commands_many(
+        self, wanted: Mapping[tuple[str, str], Sequence[str]]
+    ) -> dict[tuple[str, str], list[CommandRow]]:
+        """:meth:`find_commands` for several (instance id, command type) groups of instances this
+        transaction has locked, this one or others: each group's commands under its values, in
+        the same order; a batch's lookup of its keys.  Optional: without it a batch asks each
+        instance's :meth:`find_commands`."""
+        ...
+
     def get_command(self, command_id: str) -> CommandRow | None:
         """A command of this instance, by id."""
         ...
@@ -237,6 +246,17 @@ class LockedInstance(Protocol):
         commit it with these rows when it is the store's own (never a caller's
         ``connection=``); after that only reads may follow.
         :func:`insert_stepwise` does it with the methods above.
+        """
+        ...
+
+    def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
+        """Insert many fresh admissions (each as for :meth:`insert_admitted`, in order), made under
+        locks this transaction holds, of this instance or any other it has locked: a batch's writes.
+
+        ``False`` if the unique receipt index already held one of their keys;
+        rows may then have been written, and the caller must roll the
+        transaction back.  Optional: a batch on a store without it inserts
+        each admission as it is decided (:meth:`insert_admitted`).
         """
         ...
 

@@ -33,7 +33,7 @@ so.  Behind a transaction pooler this is the same transaction:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any, Final
 
@@ -47,7 +47,14 @@ from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, REQUEST_INDEX
 from admission.sql._schema import workflow_commands, workflow_history_events, workflow_updates
 
-__all__ = ["FUSED_ADMISSION", "FusedStatements", "lock_rows", "own_transaction", "write_rows"]
+__all__ = [
+    "FUSED_ADMISSION",
+    "FusedStatements",
+    "lock_many_rows",
+    "lock_rows",
+    "own_transaction",
+    "write_rows",
+]
 
 _IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
 
@@ -225,6 +232,50 @@ def lock_rows(
     if not cursor.fetchall():
         return []
     return lookup.fetched(lookup_cursor)
+
+
+async def _lock_many_async(
+    driver: Any,
+    statements: tuple[RawStatement, RawStatement, RawStatement],
+    params: Sequence[Mapping[str, Any]],
+) -> list[list[dict[str, Any]]]:
+    create, lock, lookup = statements
+    locking = driver.cursor()
+    lookups = [driver.cursor() for _ in params]
+    async with driver.pipeline():
+        for cursor, values in zip(lookups, params, strict=True):
+            await locking.execute(create.sql, create.parameters(values))
+            await locking.execute(lock.sql, lock.parameters(values))
+            await cursor.execute(lookup.sql, lookup.parameters(values))
+    return [lookup.as_rows(cursor.description, await cursor.fetchall()) for cursor in lookups]
+
+
+def lock_many_rows(
+    dbapi: Any,
+    statements: tuple[RawStatement, RawStatement, RawStatement],
+    params: Sequence[Mapping[str, Any]],
+    *,
+    is_async: bool,
+) -> list[list[dict[str, Any]]]:
+    """For each instance of ``params``, in their order (the lock order): its row created if it
+    does not exist, its lock and its lookup (``statements``), all of them in one round trip, in the
+    connection's transaction; each lookup's rows.
+
+    Each instance is created just before its own lock, in lock order, as
+    one lock at a time would: a batch never holds one instance's lock while
+    it waits to create another that a second batch created before locking the first.
+    """
+    if is_async:
+        return wait(_lock_many_async(dbapi.driver_connection, statements, params))
+    create, lock, lookup = statements
+    locking = dbapi.cursor()
+    lookups = [dbapi.cursor() for _ in params]
+    with dbapi.pipeline():
+        for cursor, values in zip(lookups, params, strict=True):
+            locking.execute(create.sql, create.parameters(values))
+            locking.execute(lock.sql, lock.parameters(values))
+            cursor.execute(lookup.sql, lookup.parameters(values))
+    return [lookup.fetched(cursor) for cursor in lookups]
 
 
 async def _write_async(

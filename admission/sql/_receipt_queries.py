@@ -18,7 +18,9 @@ from sqlalchemy import (
     CompoundSelect,
     Dialect,
     Select,
+    String,
     and_,
+    any_,
     bindparam,
     func,
     insert,
@@ -28,10 +30,11 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, InstanceRow, RunRow, UpdateRow
 from admission.sql._engine import as_utc, is_postgresql, utc_or_none
-from admission.sql._raw import RawStatement
+from admission.sql._raw import BulkStatement, RawStatement
 from admission.sql._schema import (
     workflow_commands,
     workflow_history_events,
@@ -237,6 +240,22 @@ COMMANDS_BY_KEYS = (
 batch's lookup of all its keys at once (the two-value lookup is :data:`COMMANDS_BY_KEY`)."""
 
 
+_TEXTS = postgresql.ARRAY(String())
+COMMANDS_OF_INSTANCES = select(workflow_commands).where(
+    workflow_commands.c.instance_id == any_(_b("iids", type_=_TEXTS)),
+    workflow_commands.c.command_type == any_(_b("command_types", type_=_TEXTS)),
+    workflow_commands.c.request_id == any_(_b("request_ids", type_=_TEXTS)),
+)
+"""PostgreSQL: the commands of several instances under any of several ``request_id`` values, in
+one statement whose every list is one array parameter (a batch's lookup under its locks; the
+caller drops a row found under another instance's or type's values)."""
+
+CREATE_INSTANCE = postgresql.insert(workflow_instances).on_conflict_do_nothing(
+    index_elements=["namespace", "workflow_id"]
+)
+"""PostgreSQL: an instance's row, unless it exists (a batch's, before its lock in the same round trip)."""
+
+
 def wanted_keys(request_ids: Sequence[str], postgres: bool) -> list[str]:
     """The values a lookup can match: as in :func:`key_values`, PostgreSQL text holds no NUL."""
     return [r for r in request_ids if not (postgres and "\x00" in r)]
@@ -322,19 +341,22 @@ UPDATE = select(workflow_updates).where(
 INSERT_COMMAND = insert(workflow_commands)
 INSERT_UPDATE = insert(workflow_updates)
 INSERT_RUN = insert(workflow_runs)
-INSERT_EVENT = {
-    dialect: insert(workflow_history_events)
-    .values(tx_id=func.txid_current() if dialect == "postgresql" else literal(0))
-    .returning(workflow_history_events.c.position, workflow_history_events.c.tx_id)
+_LOGGED_EVENT = {
+    dialect: insert(workflow_history_events).values(
+        tx_id=func.txid_current() if dialect == "postgresql" else literal(0)
+    )
     for dialect in ("postgresql", "sqlite")
 }
+INSERT_EVENT = {
+    dialect: statement.returning(workflow_history_events.c.position, workflow_history_events.c.tx_id)
+    for dialect, statement in _LOGGED_EVENT.items()
+}
+_ADMITTED_COMMAND = {
+    name: dialect.insert(workflow_commands).on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
+    for name, dialect in (("postgresql", postgresql), ("sqlite", sqlite))
+}
 INSERT_KEYED_COMMAND = {
-    "postgresql": postgresql.insert(workflow_commands)
-    .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
-    .returning(workflow_commands.c.id),
-    "sqlite": sqlite.insert(workflow_commands)
-    .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
-    .returning(workflow_commands.c.id),
+    dialect: statement.returning(workflow_commands.c.id) for dialect, statement in _ADMITTED_COMMAND.items()
 }
 
 
@@ -405,6 +427,8 @@ def optional_update_row(row: Mapping[Any, Any]) -> UpdateRow | None:
     )
 
 
+INSTANCE_FIELDS: Final = tuple(f.name for f in fields(InstanceRow))
+UPDATE_FIELDS: Final = tuple(f.name for f in fields(UpdateRow))
 EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
 
 
@@ -414,9 +438,40 @@ class ReceiptStatements:
     def __init__(self, dialect: Dialect) -> None:
         name = "postgresql" if is_postgresql(dialect) else "sqlite"
         self.instance_lookup = RawStatement(INSTANCE_LOOKUP, dialect)
-        self.lock_postgres = RawStatement(LOCK_POSTGRES, dialect) if name == "postgresql" else None
+        postgres = name == "postgresql"
+        self.lock_postgres = RawStatement(LOCK_POSTGRES, dialect) if postgres else None
+        self.create_instance = RawStatement(CREATE_INSTANCE, dialect, INSTANCE_FIELDS) if postgres else None
+        self.commands_of_instances = RawStatement(COMMANDS_OF_INSTANCES, dialect) if postgres else None
         self.commands_by_key = RawStatement(COMMANDS_BY_KEY, dialect)
         self.receipts = RawStatement(RECEIPTS, dialect)
         self.signal_receipts = RawStatement(SIGNAL_RECEIPTS, dialect)
         self.insert_keyed_command = RawStatement(INSERT_KEYED_COMMAND[name], dialect, COMMAND_FIELDS)
         self.insert_event = RawStatement(INSERT_EVENT[name], dialect, EVENT_KEYS)
+        self.batch = AdmittedRows(dialect, name)
+
+
+class AdmittedRows:
+    """A batch's fresh admissions written together: one ``executemany`` per table.
+
+    The statements are the single insert's (the command's ``ON CONFLICT DO
+    NOTHING`` on the receipt index, the event's ``tx_id``) without their
+    ``RETURNING``: a batch needs neither the ids back nor the positions.
+    """
+
+    def __init__(self, dialect: Dialect, name: str) -> None:
+        self._commands = BulkStatement(_ADMITTED_COMMAND[name], dialect, COMMAND_FIELDS)
+        self._updates = BulkStatement(INSERT_UPDATE, dialect, UPDATE_FIELDS)
+        self._events = BulkStatement(_LOGGED_EVENT[name], dialect, EVENT_KEYS)
+
+    def insert(
+        self, connection: Connection, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]
+    ) -> bool:
+        """Insert the rows in order; ``False`` if the receipt index held a key (see
+        :meth:`~admission.receipts.LockedInstance.insert_admitted_many`)."""
+        # A row value's fields are its table's columns (fields_of), read here in place.
+        commands = [vars(command) for command, _, _ in admitted]
+        if self._commands.execute(connection, commands) != len(commands):
+            return False
+        self._updates.execute(connection, [vars(update) for _, update, _ in admitted if update is not None])
+        self._events.execute(connection, [vars(event) for _, _, event in admitted])
+        return True

@@ -25,12 +25,10 @@ from sqlalchemy.engine import Connection
 
 from admission.receipts._store import (
     CommandRow,
-    EventCursor,
     EventRow,
     InstanceRow,
     LockedInstance,
     PruneCounts,
-    PruneTarget,
     RunRow,
     UpdateRow,
     insert_stepwise,
@@ -45,8 +43,7 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
-from admission.sql._event_log import read_after
-from admission.sql._fused import FusedStatements, lock_rows, own_transaction
+from admission.sql._fused import FusedStatements, lock_many_rows, lock_rows, own_transaction
 from admission.sql._pooler import pooler_of
 from admission.sql._receipt_queries import (
     COMMAND,
@@ -62,7 +59,6 @@ from admission.sql._receipt_queries import (
     command_of_columns,
     command_row,
     current_run_row,
-    event_row,
     fields_of,
     instance_row,
     key_values,
@@ -73,18 +69,16 @@ from admission.sql._receipt_queries import (
     value_pairs,
     wanted_keys,
 )
+from admission.sql._receipt_reads import ReceiptReads
 from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
 from admission.sql._retention import (
     delete_run_rows,
     delete_runless_refusals,
-    expired_ends,
     latest_time,
-    newest_time,
 )
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     workflow_commands,
-    workflow_history_events,
     workflow_instances,
     workflow_runs,
     workflow_updates,
@@ -136,13 +130,35 @@ class _SqlLocked:
         return self._current
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        return self._find(self._instance.id, command_type, request_ids)
+
+    def find_commands_many(
+        self, wanted: Mapping[tuple[str, str], Sequence[str]]
+    ) -> dict[tuple[str, str], list[CommandRow]]:
+        many = self._raw.commands_of_instances
+        if many is None:  # SQLite: each instance's own lookup costs no round trip
+            return {(iid, kind): self._find(iid, kind, ids) for (iid, kind), ids in wanted.items()}
+        found: dict[tuple[str, str], list[tuple[CommandRow, None]]] = {key: [] for key in wanted}
+        params = {
+            "iids": sorted({iid for iid, _ in wanted}),
+            "command_types": sorted({kind for _, kind in wanted}),
+            "request_ids": sorted({v for ids in wanted.values() for v in wanted_keys(ids, True)}),
+        }
+        for row in many.rows(self._cursor, params):
+            command = command_row(row)
+            group = (command.instance_id, command.command_type)
+            if command.request_id in wanted.get(group, ()):
+                found[group].append((command, None))
+        return {group: [command for command, _ in receipt_order(rows)] for group, rows in found.items()}
+
+    def _find(self, iid: str, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
         pairs = value_pairs(request_ids, self._postgres)
         if pairs is None:  # a batch's lookup of many keys at once
             wanted = wanted_keys(request_ids, self._postgres)
-            params = {"iid": self._instance.id, "command_type": command_type, "request_ids": wanted}
+            params = {"iid": iid, "command_type": command_type, "request_ids": wanted}
             found = self._conn.execute(COMMANDS_BY_KEYS, params)
             return [command_row(r) for r in found.mappings()]
-        fixed, lookup = {"iid": self._instance.id, "command_type": command_type}, self._raw.commands_by_key
+        fixed, lookup = {"iid": iid, "command_type": command_type}, self._raw.commands_by_key
         each_pair = (lookup.rows(self._cursor, {**fixed, "token": t, "raw": r}) for t, r in pairs)
         rows = [(command_row(row), None) for each in each_pair for row in each]
         return [command for command, _ in (receipt_order(rows) if len(rows) > 1 else rows)]
@@ -177,6 +193,9 @@ class _SqlLocked:
         dbapi = self._conn.connection.dbapi_connection
         commit = last and self._commits
         return self._fused.insert(dbapi, self._cursor, (command, update, event), commit, self._async)
+
+    def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
+        return self._raw.batch.insert(self._conn, admitted)
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
         row = self._conn.execute(UPDATE_OF_COMMAND, {"command_id": command_id}).mappings().first()
@@ -259,7 +278,7 @@ class _SqlLocked:
         return EventRow(**{**fields_of(event_row), "position": row["position"], "tx_id": row["tx_id"]})
 
 
-class SqlStore:
+class SqlStore(ReceiptReads):
     """The :class:`~admission.receipts.Store` on SQLite or PostgreSQL.
 
     Opening checks the schema revision and refuses anything but the head
@@ -377,17 +396,7 @@ class SqlStore:
         """The instance's lock in ``conn``'s transaction; with ``begin``, the store's own transaction,
         begun by that statement in the lock's round trip (:func:`~admission.sql._fused.own_transaction`)."""
         params = {"namespace": namespace, "workflow_id": workflow_id}
-        dbapi = conn.connection.dbapi_connection
-        assert dbapi is not None
-        if self._replan:
-            info = conn.connection.info
-            info[USES] = uses = info.get(USES, 0) + 1
-            if replan_due(uses):
-                # See REPLAN_AFTER.  Allowed inside a transaction; a caller's
-                # own statements are prepared again too.  Before the BEGIN sent with the lock.
-                if begin is not None:
-                    dbapi.autocommit = True
-                dbapi.execute("DEALLOCATE ALL")
+        dbapi = self._driver(conn, begin)
         cursor = dbapi.cursor()
         rows = self._lock_rows(dbapi, cursor, params, begin)
         if not rows:
@@ -405,6 +414,40 @@ class SqlStore:
         (row,) = rows
         statements = (self._raw, self._fused)
         return _SqlLocked(conn, cursor, row, statements, is_async=self._async, commits=begin is not None)
+
+    def _driver(self, conn: Connection, begin: str | None) -> Any:
+        """``conn``'s driver connection, its statements planned anew when due (REPLAN_AFTER)."""
+        dbapi: Any = conn.connection.dbapi_connection
+        if self._replan:
+            info = conn.connection.info
+            info[USES] = uses = info.get(USES, 0) + 1
+            if replan_due(uses):
+                # Allowed inside a transaction; a caller's own statements are
+                # prepared again too.  Before the BEGIN sent with the lock.
+                if begin is not None:
+                    dbapi.autocommit = True
+                dbapi.execute("DEALLOCATE ALL")
+        return dbapi
+
+    def _lock_many(
+        self, conn: Connection, ordered: Sequence[tuple[tuple[str, str], str]], created_at: datetime
+    ) -> dict[tuple[str, str], _SqlLocked]:
+        """Several instances' locks in ``ordered``'s order; on PostgreSQL with pipelines in one round trip."""
+        create = self._raw.create_instance
+        if not self._pipeline or create is None or self._raw.lock_postgres is None:
+            return {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}
+        dbapi = self._driver(conn, None)
+        params = [
+            {"id": i, "namespace": ns, "workflow_id": wf, "current_run_id": None, "created_at": created_at}
+            for (ns, wf), i in ordered
+        ]
+        statements = (create, self._raw.lock_postgres, self._raw.instance_lookup)
+        found = lock_many_rows(dbapi, statements, params, is_async=self._async)
+        cursor, raw = dbapi.cursor(), (self._raw, self._fused)
+        return {
+            key: _SqlLocked(conn, cursor, row, raw, is_async=self._async, commits=False)
+            for (key, _), (row,) in zip(ordered, found, strict=True)
+        }
 
     def _lock_rows(
         self, dbapi: Any, cursor: Any, params: Mapping[str, Any], begin: str | None
@@ -478,11 +521,7 @@ class SqlStore:
         # In key order, so no two batches wait on each other in a cycle (on SQLite
         # BEGIN IMMEDIATE already holds the write lock, and the rest only read).
         ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
-        return self._held(
-            joined,
-            lambda conn, _: {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered},
-            single=False,
-        )
+        return self._held(joined, lambda conn, _: self._lock_many(conn, ordered, created_at), single=False)
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
         """Read an instance without locking it."""
@@ -536,63 +575,3 @@ class SqlStore:
             # Never answer a retry from a file a restart will not open (docs/guide.md).
             verify_file(connection)
         return found
-
-    def read_history(self, instance_id: str) -> list[EventRow]:
-        """Every event of one instance, in log order."""
-        with self._read() as conn:
-            rows = (
-                conn.execute(
-                    select(workflow_history_events)
-                    .where(workflow_history_events.c.instance_id == instance_id)
-                    .order_by(workflow_history_events.c.position)
-                )
-                .mappings()
-                .all()
-            )
-        return [event_row(r) for r in rows]
-
-    def prune_targets(self, before: datetime) -> list[PruneTarget]:
-        """Closed chains whose latest recorded time is before ``before``, then instances
-        with older run-less refusals."""
-        runless = (
-            select(workflow_instances.c.namespace, workflow_instances.c.workflow_id)
-            .where(
-                workflow_instances.c.id.in_(
-                    select(workflow_commands.c.instance_id).where(
-                        workflow_commands.c.run_id.is_(None), workflow_commands.c.created_at < before
-                    )
-                )
-            )
-            .order_by(workflow_instances.c.id)
-        )
-        with self._read() as conn:
-            ends = [PruneTarget(ns, wf, run_id) for ns, wf, run_id in expired_ends(conn, before)]
-            stale = [PruneTarget(ns, wf, None) for ns, wf in conn.execute(runless)]
-        return ends + stale
-
-    def newest_time(self) -> datetime | None:
-        """The newest time recorded anywhere in the receipt tables."""
-        with self._read() as conn:
-            return newest_time(conn)
-
-    def read_events(self, after: EventCursor, limit: int) -> list[EventRow]:
-        """Events after ``after`` that are safe to read now, in (tx_id, position) order.
-
-        On PostgreSQL only events of transactions older than every transaction
-        still running are returned (``tx_id < txid_snapshot_xmin``): a
-        transaction still open may yet commit events with lower positions,
-        and a reader that passed them would never see them.  A cursor, or a
-        log, holding a transaction id this server has not handed out yet
-        (the database moved to another cluster) raises
-        :class:`~admission.errors.EventLogMovedError` and reads nothing.
-        """
-        if self.postgres:
-            # The same statement reads the server's transaction counter: a
-            # cursor or log from another cluster raises EventLogMovedError.
-            with self._read() as conn:
-                return read_after(conn, after, limit)
-        events = workflow_history_events
-        query = select(events).where(events.c.position > after.position).order_by(events.c.position)
-        with self._read() as conn:
-            rows = conn.execute(query.limit(limit)).mappings().all()
-        return [event_row(r) for r in rows]

@@ -17,10 +17,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, func, select
+from sqlalchemy import Engine, create_engine, func, insert, select
 
+from admission import receipt_token
 from admission.receipts import Admission, AdmissionService, BatchCommand, Decision
 from admission.sql import SqlStore, normalize_url, workflow_commands, workflow_history_events
+from admission.sql._receipts import _SqlLocked
 from tests.support.backends import PostgresPool
 from tests.support.processes import WAIT, running
 
@@ -51,7 +53,9 @@ def _admit_and_block(db_url: str, block_at_call: int, inside: Any, never: Any, e
 
     try:
         service = AdmissionService(SqlStore.open(db_url), new_id=new_id)
-        service.admit_many(_batch(["killed"], WORKFLOWS))
+        # The first workflow's item comes twice: the second, its retry, reads the key again, so
+        # the first is written then (a batch writes its rows together when something reads).
+        service.admit_many(_batch(["killed"], WORKFLOWS[:1]) + _batch(["killed"], WORKFLOWS))
     except BaseException:
         errors.put(traceback.format_exc())
 
@@ -88,8 +92,9 @@ def test_a_batch_killed_inside_its_transaction_leaves_nothing_and_releases_its_l
     for workflow in WORKFLOWS:
         service.start_run(NS, workflow)
     commands, events = _count(observer, workflow_commands), _count(observer, workflow_history_events)
-    # new_id calls: 4 instance ids before the transaction, then per update item a command id
-    # and an update id; call 8 (from 0) is the third item's command id, after two items were written.
+    # new_id calls: 4 instance ids before the transaction, then per fresh update item a command
+    # id and an update id (the retries take none); call 8 (from 0) is the third workflow's
+    # command id, after the first workflow's rows were written and the second's decided.
     inside, never, errors = CTX.Event(), CTX.Event(), CTX.Queue()
     holder = CTX.Process(target=_admit_and_block, args=(db_url, 8, inside, never, errors))
     with running(holder):
@@ -132,3 +137,46 @@ def test_two_batches_locking_the_same_instances_in_opposite_orders_both_finish(
             assert decisions[(workflow, key, "fresh")] == 1
             assert decisions[(workflow, key, "retained")] == 1
     assert _count(observer, workflow_commands) == ROUNDS * len(WORKFLOWS)
+
+
+def test_a_key_written_outside_the_locks_before_a_batch_writes_is_answered_from_what_was_written(
+    db_url: str, observer: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if db_url.startswith("sqlite"):
+        pytest.skip("SQLite has one writer: nothing is written between a batch's lookup and its rows")
+    store = SqlStore.open(db_url)
+    service = AdmissionService(store)
+    for workflow in WORKFLOWS:
+        service.start_run(NS, workflow)
+    outside: list[str] = []
+    write = _SqlLocked.insert_admitted_many
+
+    def after_an_outside_write(self: _SqlLocked, admitted: Any) -> bool:
+        if not outside:
+            # A writer that skips the admission lock (no foreign-key check, so no wait on the
+            # locked instance) commits the first item's key between the lookup and the writes.
+            command = admitted[0][0]
+            outside.append(str(uuid.uuid4()))
+            with observer.begin() as conn:
+                conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
+                row = {**vars(command), "id": outside[0], "command_sequence": command.command_sequence + 1000}
+                conn.execute(insert(workflow_commands).values(row))
+        return write(self, admitted)
+
+    monkeypatch.setattr(_SqlLocked, "insert_admitted_many", after_an_outside_write)
+    answers = service.admit_many(_batch(["outside"], WORKFLOWS))
+    store.dispose()
+    assert all(isinstance(a, Admission) for a in answers)
+    first, *rest = answers
+    assert isinstance(first, Admission)
+    # The batch was rolled back and decided again: the first key's answer is the row written outside.
+    assert (first.decision, first.command_id) == (Decision.RETAINED, outside[0])
+    assert [a.decision for a in rest if isinstance(a, Admission)] == [Decision.FRESH] * (len(WORKFLOWS) - 1)
+    # Each key once: the row written outside and the three the batch wrote, nothing of its first try.
+    stored = select(workflow_commands.c.id).where(
+        workflow_commands.c.request_id == receipt_token("update", "outside")
+    )
+    with observer.connect() as conn:
+        assert sorted(conn.execute(stored).scalars()) == sorted(
+            a.command_id for a in answers if isinstance(a, Admission)
+        )
