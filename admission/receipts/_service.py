@@ -15,7 +15,8 @@ engines control them.
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
@@ -72,7 +73,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _RANDOM_BITS: Final = 74
 """Random bits of a time-ordered id (RFC 9562 UUIDv7: 12 in ``rand_a``, 62 in ``rand_b``)."""
 
@@ -91,18 +91,18 @@ def time_ordered_id() -> str:
     correctness.  The id reveals its creation time to the millisecond, which
     every receipt already reports (``received_at``).
     """
-    millis = (datetime.now(UTC) - _EPOCH) // timedelta(milliseconds=1)
-    # uuid4 draws from os.urandom; its random bits below the version nibble
-    # (12 above the variant, 62 below it) sit where version 7 wants them.
-    drawn = uuid.uuid4().int
-    return uuid_at(millis, (drawn >> 64 & 0xFFF) << 62 | drawn & (1 << 62) - 1)
+    # 80 random bits from os.urandom, as uuid4 draws them; 74 are kept.
+    drawn = int.from_bytes(os.urandom(10))
+    return uuid_at(time.time_ns() // 1_000_000, drawn >> 80 - _RANDOM_BITS)
 
 
 def uuid_at(millis: int, random: int) -> str:
     """The version-7 UUID of Unix time ``millis`` (48 bits kept) and ``random`` (74 bits)."""
     millis &= (1 << 48) - 1
     rand_a, rand_b = random >> 62 & 0xFFF, random & (1 << 62) - 1
-    return str(uuid.UUID(int=millis << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b))
+    # The canonical text of the 128 bits, built directly: uuid.UUID costs several times more.
+    h = f"{millis << 80 | 0x7 << 76 | rand_a << 64 | 0b10 << 62 | rand_b:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _identifier(value: object, field: str, width: int = bounds.NAME) -> str:
@@ -121,7 +121,10 @@ def _run_id(value: object, field: str = "run_id") -> str:
 
 def _checked_ids(new_id: Callable[[], str]) -> Callable[[], str]:
     """``new_id`` whose every id is checked against the id columns' width (contract §4: bad
-    input writes nothing; an id raised on inside the lock rolls its transaction back)."""
+    input writes nothing; an id raised on inside the lock rolls its transaction back); the
+    default's ids, 36 ASCII characters, need no check."""
+    if new_id is time_ordered_id:
+        return new_id
 
     def checked() -> str:
         return _identifier(new_id(), "new_id", bounds.ID)

@@ -20,7 +20,6 @@ from sqlalchemy import (
     Select,
     String,
     and_,
-    any_,
     bindparam,
     func,
     insert,
@@ -241,14 +240,22 @@ batch's lookup of all its keys at once (the two-value lookup is :data:`COMMANDS_
 
 
 _TEXTS = postgresql.ARRAY(String())
-COMMANDS_OF_INSTANCES = select(workflow_commands).where(
-    workflow_commands.c.instance_id == any_(_b("iids", type_=_TEXTS)),
-    workflow_commands.c.command_type == any_(_b("command_types", type_=_TEXTS)),
-    workflow_commands.c.request_id == any_(_b("request_ids", type_=_TEXTS)),
+_KEYS = (
+    func.unnest(_b("iids", type_=_TEXTS), _b("command_types", type_=_TEXTS), _b("request_ids", type_=_TEXTS))
+    .table_valued("iid", "command_type", "request_id")
+    .render_derived(name="k")
 )
-"""PostgreSQL: the commands of several instances under any of several ``request_id`` values, in
-one statement whose every list is one array parameter (a batch's lookup under its locks; the
-caller drops a row found under another instance's or type's values)."""
+COMMANDS_OF_INSTANCES = select(workflow_commands).join(
+    _KEYS,
+    and_(
+        workflow_commands.c.instance_id == _KEYS.c.iid,
+        workflow_commands.c.command_type == _KEYS.c.command_type,
+        workflow_commands.c.request_id == _KEYS.c.request_id,
+    ),
+)
+"""PostgreSQL: the commands stored under any of several (instance id, command type, value)
+triples, given as three arrays of one length: a batch's lookup of all its keys under its locks in
+one statement, whose one plan (a probe of the receipt index per triple) fits any batch."""
 
 CREATE_INSTANCE = postgresql.insert(workflow_instances).on_conflict_do_nothing(
     index_elements=["namespace", "workflow_id"]

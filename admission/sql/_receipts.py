@@ -139,16 +139,15 @@ class _SqlLocked:
         if many is None:  # SQLite: each instance's own lookup costs no round trip
             return {(iid, kind): self._find(iid, kind, ids) for (iid, kind), ids in wanted.items()}
         found: dict[tuple[str, str], list[tuple[CommandRow, None]]] = {key: [] for key in wanted}
+        triples = [(iid, kind, v) for (iid, kind), ids in wanted.items() for v in wanted_keys(ids, True)]
         params = {
-            "iids": sorted({iid for iid, _ in wanted}),
-            "command_types": sorted({kind for _, kind in wanted}),
-            "request_ids": sorted({v for ids in wanted.values() for v in wanted_keys(ids, True)}),
+            "iids": [iid for iid, _, _ in triples],
+            "command_types": [kind for _, kind, _ in triples],
+            "request_ids": [value for _, _, value in triples],
         }
-        for row in many.rows(self._cursor, params):
+        for row in many.rows(self._cursor, params) if triples else ():
             command = command_row(row)
-            group = (command.instance_id, command.command_type)
-            if command.request_id in wanted.get(group, ()):
-                found[group].append((command, None))
+            found[(command.instance_id, command.command_type)].append((command, None))
         return {group: [command for command, _ in receipt_order(rows)] for group, rows in found.items()}
 
     def _find(self, iid: str, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
