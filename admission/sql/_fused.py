@@ -35,22 +35,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Dialect, Select, String, bindparam, cast, func, insert, select
+from sqlalchemy import Dialect, Select, String, and_, bindparam, cast, func, insert, null, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, UpdateRow
 from admission.sql._greenlet import wait
 from admission.sql._raw import RawStatement
-from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, REQUEST_INDEX
-from admission.sql._schema import workflow_commands, workflow_history_events, workflow_updates
+from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, INSTANCE_COLUMNS, REQUEST_INDEX, TEXTS
+from admission.sql._schema import (
+    workflow_commands,
+    workflow_history_events,
+    workflow_instances,
+    workflow_runs,
+    workflow_updates,
+)
 
 __all__ = [
     "FUSED_ADMISSION",
     "FusedStatements",
-    "lock_many_rows",
+    "ManyLocks",
     "lock_rows",
     "own_transaction",
     "write_rows",
@@ -234,48 +241,103 @@ def lock_rows(
     return lookup.fetched(lookup_cursor)
 
 
+def _numbered(*names: str) -> Any:
+    """The rows of text array parameters named ``names`` + "s", numbered ``n`` in their order."""
+    arrays = (bindparam(f"{name}s", type_=TEXTS) for name in names)
+    return func.unnest(*arrays).table_valued(*names, with_ordinality="n").render_derived(name="k")
+
+
+_NEW = _numbered("id", "namespace", "workflow_id")
+_HELD = _numbered("namespace", "workflow_id")
+_IS_HELD = and_(
+    workflow_instances.c.namespace == _HELD.c.namespace,
+    workflow_instances.c.workflow_id == _HELD.c.workflow_id,
+)
+CREATE_INSTANCES: Final = (
+    postgresql.insert(workflow_instances)
+    .from_select(
+        ["id", "namespace", "workflow_id", "current_run_id", "created_at"],
+        select(
+            _NEW.c.id,
+            _NEW.c.namespace,
+            _NEW.c.workflow_id,
+            null(),
+            bindparam("created_at", type_=workflow_instances.c.created_at.type),
+        ).order_by(_NEW.c.n),
+    )
+    .on_conflict_do_nothing(index_elements=["namespace", "workflow_id"])
+)
+"""A batch's instances that do not exist yet, inserted in lock order (``ids``, ``namespaces``,
+``workflow_ids``: one element per instance, ``created_at`` for all)."""
+LOCK_INSTANCES: Final = (
+    select(workflow_instances.c.id)
+    .join(_HELD, _IS_HELD)
+    .order_by(_HELD.c.n)
+    .with_for_update(of=workflow_instances)
+)
+"""A batch's instances locked in lock order: the rows are sorted first, then locked one by one."""
+INSTANCES_LOOKUP: Final = select(*INSTANCE_COLUMNS).select_from(
+    workflow_instances.join(_HELD, _IS_HELD).outerjoin(
+        workflow_runs, workflow_runs.c.id == workflow_instances.c.current_run_id
+    )
+)
+"""What the lock reads of each of a batch's instances, after the lock (as :data:`LOCK_POSTGRES`)."""
+
+
 async def _lock_many_async(
-    driver: Any,
-    statements: tuple[RawStatement, RawStatement, RawStatement],
-    params: Sequence[Mapping[str, Any]],
-) -> list[list[dict[str, Any]]]:
-    create, lock, lookup = statements
-    locking = driver.cursor()
-    lookups = [driver.cursor() for _ in params]
+    driver: Any, statements: Sequence[RawStatement], params: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    *writes, lookup = statements
+    cursor = driver.cursor()
     async with driver.pipeline():
-        for cursor, values in zip(lookups, params, strict=True):
-            await locking.execute(create.sql, create.parameters(values))
-            await locking.execute(lock.sql, lock.parameters(values))
-            await cursor.execute(lookup.sql, lookup.parameters(values))
-    return [lookup.as_rows(cursor.description, await cursor.fetchall()) for cursor in lookups]
+        for statement in writes:
+            await driver.cursor().execute(statement.sql, statement.parameters(params))
+        await cursor.execute(lookup.sql, lookup.parameters(params))
+    return lookup.as_rows(cursor.description, await cursor.fetchall())
 
 
-def lock_many_rows(
-    dbapi: Any,
-    statements: tuple[RawStatement, RawStatement, RawStatement],
-    params: Sequence[Mapping[str, Any]],
-    *,
-    is_async: bool,
-) -> list[list[dict[str, Any]]]:
-    """For each instance of ``params``, in their order (the lock order): its row created if it
-    does not exist, its lock and its lookup (``statements``), all of them in one round trip, in the
-    connection's transaction; each lookup's rows.
+class ManyLocks:
+    """PostgreSQL: a batch's instances created if missing, locked and read in one round trip."""
 
-    Each instance is created just before its own lock, in lock order, as
-    one lock at a time would: a batch never holds one instance's lock while
-    it waits to create another that a second batch created before locking the first.
-    """
-    if is_async:
-        return wait(_lock_many_async(dbapi.driver_connection, statements, params))
-    create, lock, lookup = statements
-    locking = dbapi.cursor()
-    lookups = [dbapi.cursor() for _ in params]
-    with dbapi.pipeline():
-        for cursor, values in zip(lookups, params, strict=True):
-            locking.execute(create.sql, create.parameters(values))
-            locking.execute(lock.sql, lock.parameters(values))
-            cursor.execute(lookup.sql, lookup.parameters(values))
-    return [lookup.fetched(cursor) for cursor in lookups]
+    def __init__(self, dialect: Dialect) -> None:
+        self._statements = tuple(
+            RawStatement(statement, dialect)
+            for statement in (CREATE_INSTANCES, LOCK_INSTANCES, INSTANCES_LOOKUP)
+        )
+
+    def rows(
+        self,
+        dbapi: Any,
+        keys: Sequence[tuple[tuple[str, str], str]],
+        created_at: datetime,
+        *,
+        is_async: bool,
+    ) -> dict[tuple[str, str], dict[str, Any]]:
+        """For each ((namespace, workflow_id), new id) of ``keys``, in their order (the lock
+        order), in the connection's transaction: the instance's row inserted with the new id
+        unless it exists, then every lock, then every instance read (lock-free statements
+        first, so the read sees every commit made before its lock was granted); each one's row.
+
+        Rows are created in lock order before any lock is taken, as one lock at a time would:
+        a batch never holds an instance's lock while it waits to create another.
+        """
+        params = {
+            "ids": [new_id for _, new_id in keys],
+            "namespaces": [namespace for (namespace, _), _ in keys],
+            "workflow_ids": [workflow_id for (_, workflow_id), _ in keys],
+            "created_at": created_at,
+        }
+        if is_async:
+            found = wait(_lock_many_async(dbapi.driver_connection, self._statements, params))
+        else:
+            *writes, lookup = self._statements
+            cursor = dbapi.cursor()
+            with dbapi.pipeline():
+                for statement in writes:
+                    dbapi.cursor().execute(statement.sql, statement.parameters(params))
+                cursor.execute(lookup.sql, lookup.parameters(params))
+            found = lookup.fetched(cursor)
+        return {(row["namespace"], row["workflow_id"]): row for row in found}
 
 
 async def _write_async(

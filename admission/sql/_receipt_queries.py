@@ -48,9 +48,11 @@ __all__ = [
     "INSERT_COMMAND",
     "INSERT_RUN",
     "INSERT_UPDATE",
+    "INSTANCE_COLUMNS",
     "PAIRED_LOOKUPS",
     "PENDING",
     "RUN",
+    "TEXTS",
     "UPDATE",
     "UPDATE_OF_COMMAND",
     "ReceiptStatements",
@@ -169,15 +171,17 @@ def fields_of(row: object) -> dict[str, Any]:
 # Statements are built once: SQLAlchemy then reuses their cache keys and
 # compiled SQL, which matters on the admission hot path.
 _b = bindparam
+INSTANCE_COLUMNS: Final[tuple[Any, ...]] = (
+    workflow_instances,
+    *(c.label(f"run_{c.name}") for c in workflow_runs.c),
+    select(func.max(workflow_commands.c.command_sequence))
+    .where(workflow_commands.c.instance_id == workflow_instances.c.id)
+    .scalar_subquery()
+    .label("last_sequence"),
+)
+"""What the lock reads of an instance: its row, its current run's (``run_`` columns), its last sequence."""
 INSTANCE_LOOKUP = (
-    select(
-        workflow_instances,
-        *(c.label(f"run_{c.name}") for c in workflow_runs.c),
-        select(func.max(workflow_commands.c.command_sequence))
-        .where(workflow_commands.c.instance_id == workflow_instances.c.id)
-        .scalar_subquery()
-        .label("last_sequence"),
-    )
+    select(*INSTANCE_COLUMNS)
     .select_from(
         workflow_instances.outerjoin(workflow_runs, workflow_runs.c.id == workflow_instances.c.current_run_id)
     )
@@ -239,7 +243,9 @@ COMMANDS_BY_KEYS = (
 batch's lookup of all its keys at once (the two-value lookup is :data:`COMMANDS_BY_KEY`)."""
 
 
-_TEXTS = postgresql.ARRAY(String())
+TEXTS: Final = postgresql.ARRAY(String())
+"""PostgreSQL: a text array parameter (a batch's values, one statement for all)."""
+_TEXTS = TEXTS
 _KEYS = (
     func.unnest(_b("iids", type_=_TEXTS), _b("command_types", type_=_TEXTS), _b("request_ids", type_=_TEXTS))
     .table_valued("iid", "command_type", "request_id")
@@ -256,11 +262,6 @@ COMMANDS_OF_INSTANCES = select(workflow_commands).join(
 """PostgreSQL: the commands stored under any of several (instance id, command type, value)
 triples, given as three arrays of one length: a batch's lookup of all its keys under its locks in
 one statement, whose one plan (a probe of the receipt index per triple) fits any batch."""
-
-CREATE_INSTANCE = postgresql.insert(workflow_instances).on_conflict_do_nothing(
-    index_elements=["namespace", "workflow_id"]
-)
-"""PostgreSQL: an instance's row, unless it exists (a batch's, before its lock in the same round trip)."""
 
 
 def wanted_keys(request_ids: Sequence[str], postgres: bool) -> list[str]:
@@ -434,7 +435,6 @@ def optional_update_row(row: Mapping[Any, Any]) -> UpdateRow | None:
     )
 
 
-INSTANCE_FIELDS: Final = tuple(f.name for f in fields(InstanceRow))
 UPDATE_FIELDS: Final = tuple(f.name for f in fields(UpdateRow))
 EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
 
@@ -447,7 +447,6 @@ class ReceiptStatements:
         self.instance_lookup = RawStatement(INSTANCE_LOOKUP, dialect)
         postgres = name == "postgresql"
         self.lock_postgres = RawStatement(LOCK_POSTGRES, dialect) if postgres else None
-        self.create_instance = RawStatement(CREATE_INSTANCE, dialect, INSTANCE_FIELDS) if postgres else None
         self.commands_of_instances = RawStatement(COMMANDS_OF_INSTANCES, dialect) if postgres else None
         self.commands_by_key = RawStatement(COMMANDS_BY_KEY, dialect)
         self.receipts = RawStatement(RECEIPTS, dialect)

@@ -43,7 +43,7 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
-from admission.sql._fused import FusedStatements, lock_many_rows, lock_rows, own_transaction
+from admission.sql._fused import FusedStatements, ManyLocks, lock_rows, own_transaction
 from admission.sql._pooler import pooler_of
 from admission.sql._receipt_queries import (
     COMMAND,
@@ -317,6 +317,7 @@ class SqlStore(ReceiptReads):
         # pipeline is driven on the AsyncConnection itself (_pipelined).
         pipeline = getattr(engine.dialect.loaded_dbapi, "Pipeline", None)
         self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
+        self._many_locks = ManyLocks(engine.dialect) if self._pipeline else None
         self._async = engine.dialect.is_async
         if check:
             with self._read() as conn:
@@ -432,20 +433,13 @@ class SqlStore(ReceiptReads):
         self, conn: Connection, ordered: Sequence[tuple[tuple[str, str], str]], created_at: datetime
     ) -> dict[tuple[str, str], _SqlLocked]:
         """Several instances' locks in ``ordered``'s order; on PostgreSQL with pipelines in one round trip."""
-        create = self._raw.create_instance
-        if not self._pipeline or create is None or self._raw.lock_postgres is None:
+        if self._many_locks is None:
             return {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}
-        dbapi = self._driver(conn, None)
-        params = [
-            {"id": i, "namespace": ns, "workflow_id": wf, "current_run_id": None, "created_at": created_at}
-            for (ns, wf), i in ordered
-        ]
-        statements = (create, self._raw.lock_postgres, self._raw.instance_lookup)
-        found = lock_many_rows(dbapi, statements, params, is_async=self._async)
-        cursor, raw = dbapi.cursor(), (self._raw, self._fused)
+        found = self._many_locks.rows(self._driver(conn, None), ordered, created_at, is_async=self._async)
+        cursor, raw = conn.connection.dbapi_connection.cursor(), (self._raw, self._fused)  # type: ignore[union-attr]
         return {
-            key: _SqlLocked(conn, cursor, row, raw, is_async=self._async, commits=False)
-            for (key, _), (row,) in zip(ordered, found, strict=True)
+            key: _SqlLocked(conn, cursor, found[key], raw, is_async=self._async, commits=False)
+            for key, _ in ordered
         }
 
     def _lock_rows(
