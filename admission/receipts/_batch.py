@@ -12,10 +12,16 @@ order (sorted by namespace and workflow id), so two batches never deadlock;
 each item is decided under the lock by the same code as a single admission
 inside a caller's transaction (its key judged from what is stored under it,
 then the insert).  The keys are read under the locks before anything is
-written, with one lookup per instance and command type; an item whose key an
-earlier item of the batch has used is looked up again, so it is that item's
-retry.  One commit, and on SQLite and PostgreSQL one flush to disk, serves
-the whole batch: that is what makes it faster than one call per command.
+written, in one lookup where the store offers
+:meth:`~admission.receipts.LockedInstance.find_commands_many` (else one per
+instance and command type); an item whose key an earlier item of the batch
+has used is looked up again, so it is that item's retry.  Where the store
+offers :meth:`~admission.receipts.LockedInstance.insert_admitted_many`, the
+fresh admissions of the store's own transaction wait and are written
+together (:class:`_Pending`), before anything else reads and at the end.  One
+commit, and on SQLite and PostgreSQL one flush to disk, serves the whole
+batch: that, and a statement per table instead of one per row, is what makes
+it faster than one call per command.
 
 Pure: no SQLAlchemy, no clock (the service's clock is passed in).
 """

@@ -14,6 +14,10 @@ round trip each; here they go in two exchanges of psycopg's pipeline mode:
    then ``COMMIT`` when the transaction is the store's own and the admission
    is its last write (:func:`write_rows`).
 
+A batch (``admit_many``) takes its locks the same way, for all its
+instances in one exchange (:class:`ManyLocks`): the missing instances
+created in lock order, every lock in lock order, then every instance read.
+
 Why it is safe: the pipeline's statements up to its sync are one unit for
 the server.  If the fused statement fails, the server skips everything after
 it until the sync, the ``COMMIT`` too, and the transaction, begun

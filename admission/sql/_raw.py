@@ -21,6 +21,9 @@ from sqlalchemy.sql.compiler import SQLCompiler
 
 __all__ = ["BulkInsert", "BulkStatement", "RawStatement"]
 
+_NOTHING: Any = object()
+"""No value yet (``None`` is a value)."""
+
 
 class RawStatement:
     """A Core statement compiled once for one dialect, executed on a DBAPI cursor.
@@ -98,11 +101,21 @@ class RawStatement:
             value = literal_value if key is None else common[key]
             template.append(value if processor is None else processor(value))
         sets: list[list[Any]] = []
+        # The last value each processor saw and what it made of it: rows written together
+        # often share a value (a batch's one time), processed once then.
+        last: list[tuple[Any, Any]] = [(_NOTHING, None)] * len(varying)
         for row in rows:
             values = template.copy()
-            for index, key, processor in varying:
+            for at, (index, key, processor) in enumerate(varying):
                 value = row[key]
-                values[index] = value if processor is None else processor(value)
+                if processor is None:
+                    values[index] = value
+                    continue
+                seen, made = last[at]
+                if value is not seen:
+                    made = processor(value)
+                    last[at] = (value, made)
+                values[index] = made
             sets.append(values)
         if self._positional:
             return sets
