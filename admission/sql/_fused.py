@@ -319,11 +319,13 @@ class ManyLocks:
     ) -> dict[tuple[str, str], dict[str, Any]]:
         """For each ((namespace, workflow_id), new id) of ``keys``, in their order (the lock
         order), in the connection's transaction: the instance's row inserted with the new id
-        unless it exists, then every lock, then every instance read (lock-free statements
-        first, so the read sees every commit made before its lock was granted); each one's row.
+        unless it exists, then every lock, then every instance read; each one's row, by key.
 
-        Rows are created in lock order before any lock is taken, as one lock at a time would:
-        a batch never holds an instance's lock while it waits to create another.
+        Rows are created in lock order before any lock is taken, so a batch never
+        holds an instance's lock while it waits to create another.  The read is a
+        statement of its own after the locks: under READ COMMITTED it sees every
+        commit made before its locks were granted (as :data:`LOCK_POSTGRES`).
+        Instances are never deleted, so every key has its row.
         """
         params = {
             "ids": [new_id for _, new_id in keys],

@@ -245,9 +245,8 @@ batch's lookup of all its keys at once (the two-value lookup is :data:`COMMANDS_
 
 TEXTS: Final = postgresql.ARRAY(String())
 """PostgreSQL: a text array parameter (a batch's values, one statement for all)."""
-_TEXTS = TEXTS
 _KEYS = (
-    func.unnest(_b("iids", type_=_TEXTS), _b("command_types", type_=_TEXTS), _b("request_ids", type_=_TEXTS))
+    func.unnest(_b("iids", type_=TEXTS), _b("command_types", type_=TEXTS), _b("request_ids", type_=TEXTS))
     .table_valued("iid", "command_type", "request_id")
     .render_derived(name="k")
 )
