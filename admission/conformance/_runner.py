@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from admission.conformance._determinism import without_local_constants
 from admission.conformance._http_target import ConformanceTargetError
 from admission.conformance._target import CAPABILITIES, Target
 from admission.errors import InvalidValueError
@@ -335,7 +336,7 @@ def _run_machine(
     # case prints its steps rather than attach them to the exception.
     reported: list[str] = []
     try:
-        with with_reporter(lambda line: reported.append(str(line))):
+        with with_reporter(lambda line: reported.append(str(line))), without_local_constants():
             test()
     except _Stop as stop:
         raise stop.error from None

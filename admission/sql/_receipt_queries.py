@@ -438,6 +438,75 @@ UPDATE_FIELDS: Final = tuple(f.name for f in fields(UpdateRow))
 EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
 
 
+CHUNK: Final = 64
+"""SQLite: at most this many keys (or instances) per statement of a batch's reads, so each count's
+statement is compiled once and a batch of any size takes few."""
+
+
+def _commands_under(count: int) -> Select[Any]:
+    """SQLite: the commands under any of ``count`` (instance id, command type, value) triples
+    (``i0``, ``t0``, ``r0``, ...): each term a probe of the receipt index."""
+    c = workflow_commands.c
+    terms = (
+        and_(c.instance_id == _b(f"i{n}"), c.command_type == _b(f"t{n}"), c.request_id == _b(f"r{n}"))
+        for n in range(count)
+    )
+    return select(workflow_commands).where(or_(*terms))
+
+
+def _instances_of(count: int) -> Select[Any]:
+    """SQLite: what the lock reads of ``count`` instances (``n0``, ``w0``, ...) in one statement."""
+    i = workflow_instances.c
+    terms = (and_(i.namespace == _b(f"n{n}"), i.workflow_id == _b(f"w{n}")) for n in range(count))
+    return (
+        select(*INSTANCE_COLUMNS)
+        .select_from(workflow_instances.outerjoin(workflow_runs, workflow_runs.c.id == i.current_run_id))
+        .where(or_(*terms))
+    )
+
+
+class BatchReads:
+    """A batch's reads under its locks in few statements: its keys' stored commands, and on
+    SQLite its instances (PostgreSQL reads those with the locks: ``admission/sql/_fused.py``).
+
+    On PostgreSQL one statement takes the keys as arrays; on SQLite, a statement per
+    :data:`CHUNK` whose terms each probe an index, one execution instead of one per key
+    (sent to SQLite, many point reads cost several times one read of them all).
+    """
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+        postgres = is_postgresql(dialect)
+        self._commands = RawStatement(COMMANDS_OF_INSTANCES, dialect) if postgres else None
+        self._by_count: dict[tuple[Callable[[int], Select[Any]], int], RawStatement] = {}
+
+    def commands(self, cursor: Any, triples: Sequence[tuple[str, str, str]]) -> list[dict[str, Any]]:
+        """The stored commands under any of ``triples`` (instance id, command type, value)."""
+        if self._commands is not None:
+            columns = enumerate(("iids", "command_types", "request_ids"))
+            return self._commands.rows(cursor, {name: [t[n] for t in triples] for n, name in columns})
+        return self._chunked(cursor, _commands_under, "itr", triples)
+
+    def instances(self, cursor: Any, keys: Sequence[tuple[str, str]]) -> list[dict[str, Any]]:
+        """SQLite: what the lock reads of each existing instance of ``keys`` (namespace, workflow id)."""
+        return self._chunked(cursor, _instances_of, "nw", keys)
+
+    def _chunked(
+        self, cursor: Any, build: Callable[[int], Select[Any]], names: str, values: Sequence[tuple[str, ...]]
+    ) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(values), CHUNK):
+            chunk = values[start : start + CHUNK]
+            statement = self._by_count.get((build, len(chunk)))
+            if statement is None:
+                statement = RawStatement(build(len(chunk)), self._dialect)
+                self._by_count[(build, len(chunk))] = statement
+            named = (zip(names, each, strict=True) for each in chunk)
+            params = {f"{name}{n}": value for n, pairs in enumerate(named) for name, value in pairs}
+            rows += statement.rows(cursor, params)
+        return rows
+
+
 class ReceiptStatements:
     """The hot-path statements of one store, compiled for its dialect."""
 
@@ -446,7 +515,7 @@ class ReceiptStatements:
         self.instance_lookup = RawStatement(INSTANCE_LOOKUP, dialect)
         postgres = name == "postgresql"
         self.lock_postgres = RawStatement(LOCK_POSTGRES, dialect) if postgres else None
-        self.commands_of_instances = RawStatement(COMMANDS_OF_INSTANCES, dialect) if postgres else None
+        self.batch_reads = BatchReads(dialect)
         self.commands_by_key = RawStatement(COMMANDS_BY_KEY, dialect)
         self.receipts = RawStatement(RECEIPTS, dialect)
         self.signal_receipts = RawStatement(SIGNAL_RECEIPTS, dialect)

@@ -135,17 +135,13 @@ class _SqlLocked:
     def find_commands_many(
         self, wanted: Mapping[tuple[str, str], Sequence[str]]
     ) -> dict[tuple[str, str], list[CommandRow]]:
-        many = self._raw.commands_of_instances
-        if many is None:  # SQLite: each instance's own lookup costs no round trip
-            return {(iid, kind): self._find(iid, kind, ids) for (iid, kind), ids in wanted.items()}
         found: dict[tuple[str, str], list[tuple[CommandRow, None]]] = {key: [] for key in wanted}
-        triples = [(iid, kind, v) for (iid, kind), ids in wanted.items() for v in wanted_keys(ids, True)]
-        params = {
-            "iids": [iid for iid, _, _ in triples],
-            "command_types": [kind for _, kind, _ in triples],
-            "request_ids": [value for _, _, value in triples],
-        }
-        for row in many.rows(self._cursor, params) if triples else ():
+        triples = [
+            (iid, kind, value)
+            for (iid, kind), ids in wanted.items()
+            for value in wanted_keys(ids, self._postgres)
+        ]
+        for row in self._raw.batch_reads.commands(self._cursor, triples) if triples else ():
             command = command_row(row)
             found[(command.instance_id, command.command_type)].append((command, None))
         return {group: [command for command, _ in receipt_order(rows)] for group, rows in found.items()}
@@ -433,13 +429,21 @@ class SqlStore(ReceiptReads):
         self, conn: Connection, ordered: Sequence[tuple[tuple[str, str], str]], created_at: datetime
     ) -> dict[tuple[str, str], _SqlLocked]:
         """Several instances' locks in ``ordered``'s order; on PostgreSQL with pipelines in one round trip."""
-        if self._many_locks is None:
-            return {key: self._lock(conn, *key, created_at, new_id) for key, new_id in ordered}
-        found = self._many_locks.rows(self._driver(conn, None), ordered, created_at, is_async=self._async)
         cursor, raw = conn.connection.dbapi_connection.cursor(), (self._raw, self._fused)  # type: ignore[union-attr]
+        if self._many_locks is not None:
+            found = self._many_locks.rows(self._driver(conn, None), ordered, created_at, is_async=self._async)
+        elif not self.postgres:
+            # SQLite: BEGIN IMMEDIATE holds the lock; the instances are read at once, and a
+            # missing one is created by its own lock below.
+            rows = self._raw.batch_reads.instances(cursor, [key for key, _ in ordered])
+            found = {(row["namespace"], row["workflow_id"]): row for row in rows}
+        else:
+            found = {}
         return {
             key: _SqlLocked(conn, cursor, found[key], raw, is_async=self._async, commits=False)
-            for key, _ in ordered
+            if key in found
+            else self._lock(conn, *key, created_at, new_id)
+            for key, new_id in ordered
         }
 
     def _lock_rows(

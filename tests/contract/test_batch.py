@@ -238,3 +238,36 @@ def test_a_failing_batch_commits_none_of_its_items(store: Store) -> None:
     assert service.store.find_instance("ns", "b") is None
     assert [e.event_type for e in service.history("ns", "a")] == ["RunStarted"]
     assert all(service.receipt("ns", w, "signal", f"k{i}") is None for i, w in enumerate("abab"))
+
+
+def test_a_batch_larger_than_one_read_statement_answers_every_command(store: Store) -> None:
+    # 80 instances (70 with a committed receipt, 10 new) and 150 keyed commands: more than one
+    # statement's worth of instances and of keys for a batch's reads on SQLite (CHUNK, 64 each).
+    service = AdmissionService(store)
+    ns = f"big-{next(EXAMPLES)}"
+    workflows = [f"wf-{i}" for i in range(80)]
+    committed = {}
+    for workflow in workflows[:70]:
+        service.start_run(ns, workflow)
+        committed[workflow] = service.admit_signal(ns, workflow, "s", [1], request_id=f"old-{workflow}")
+    retries = [BatchCommand("signal", ns, w, "s", [1], request_id=f"old-{w}") for w in workflows[:70]]
+    fresh = [BatchCommand("signal", ns, w, "s", [2], request_id=f"new-{w}") for w in workflows]
+    answers = service.admit_many(
+        [item for pair in zip(fresh, retries, strict=False) for item in pair] + fresh[70:]
+    )
+    assert all(isinstance(a, Admission) for a in answers)
+    by_key = {a.request_id: a for a in answers if isinstance(a, Admission)}
+    assert len(by_key) == 150
+    for workflow in workflows[:70]:
+        again = by_key[f"old-{workflow}"]
+        assert (again.decision, again.command_id) == (Decision.RETAINED, committed[workflow].command_id)
+        assert by_key[f"new-{workflow}"].outcome == "received"
+    for workflow in workflows[70:]:
+        # No run there: the fresh refusal of a command for an instance the batch created.
+        assert by_key[f"new-{workflow}"].decision is Decision.FRESH
+        assert by_key[f"new-{workflow}"].outcome == "run_not_active"
+    # Admitted again, the batch answers every command with its receipt.
+    again = service.admit_many(
+        [item for pair in zip(fresh, retries, strict=False) for item in pair] + fresh[70:]
+    )
+    assert [a.decision for a in again if isinstance(a, Admission)] == [Decision.RETAINED] * 150

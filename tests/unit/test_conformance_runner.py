@@ -61,6 +61,22 @@ class FreshRetries(Wrapped):
         return answer
 
 
+class Recording(Wrapped):
+    """Records every admission as it was asked: what a seed made, to the argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def admit(self, namespace: str, workflow_id: str, *args: object, **kwargs: object) -> Answer:
+        # Workflow ids start with a prefix each run draws anew, and run ids are the service's.
+        run = kwargs.get("run_id")
+        asked = (namespace, workflow_id.partition("-")[2], args, kwargs.get("request_id"), run is None)
+        self.asked.append(repr(asked))
+        answer: Answer = self.inner.admit(namespace, workflow_id, *args, **kwargs)  # type: ignore[arg-type]
+        return answer
+
+
 class GoesAway(Wrapped):
     """Answers a few admissions, then every call fails as a server that went away would."""
 
@@ -88,6 +104,31 @@ def test_the_seed_derandomises_the_run() -> None:
     first = run_conformance(ServiceTarget.memory(), examples=5, seed=42, options=SMALL)
     second = run_conformance(ServiceTarget.memory(), examples=5, seed=42, options=SMALL)
     assert (first.rules, first.labels, first.steps) == (second.rules, second.labels, second.steps)
+
+
+def test_the_seed_derandomises_the_run_whatever_the_process_imported_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Hypothesis also draws, now and then, constants it found in the local modules loaded in
+    # the process, so what a process imported before would change what a seed asks.  Here the
+    # second run is in a process that holds many more of them (as one that ran other tests).
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+
+    first, second = Recording(), Recording()
+    run_conformance(first, examples=60, seed=7)  # type: ignore[arg-type]
+    more = Constants(
+        integers={n * 101 for n in range(-300, 300) if abs(n * 101) >= 100},
+        floats={n / 7 + 0.5 for n in range(300)},
+        strings={f"{c}{n}" for c in "abkxy" for n in range(60)} | {"signal", "update", "approve", "ns"},
+    )
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: more)
+    providers.CONSTANTS_CACHE.cache.clear()
+    try:
+        run_conformance(second, examples=60, seed=7)  # type: ignore[arg-type]
+    finally:
+        providers.CONSTANTS_CACHE.cache.clear()
+    assert first.asked and first.asked == second.asked
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ PURE_MODULES = {
     "admission._table",
     "admission.client._errors",
     "admission.conformance._admit_rules",
+    "admission.conformance._determinism",
     "admission.conformance._driver",
     "admission.conformance._engine_rules",
     "admission.conformance._machine",
