@@ -49,7 +49,6 @@ __all__ = [
     "INSERT_RUN",
     "INSERT_UPDATE",
     "INSTANCE_COLUMNS",
-    "PAIRED_LOOKUPS",
     "PENDING",
     "RUN",
     "TEXTS",
@@ -69,7 +68,6 @@ __all__ = [
     "run_row",
     "signal_receipt_reads",
     "update_row",
-    "value_pairs",
 ]
 
 REQUEST_INDEX: Final = ("instance_id", "command_type", "request_id")
@@ -230,19 +228,6 @@ COMMANDS_BY_KEY = _by_key(
 )
 
 
-COMMANDS_BY_KEYS = (
-    select(workflow_commands)
-    .where(
-        workflow_commands.c.instance_id == _b("iid"),
-        workflow_commands.c.command_type == _b("command_type"),
-        workflow_commands.c.request_id.in_(bindparam("request_ids", expanding=True)),
-    )
-    .order_by(workflow_commands.c.created_at, workflow_commands.c.command_sequence)
-)
-"""Commands of one instance and type by any number of ``request_id`` values, oldest first: a
-batch's lookup of all its keys at once (the two-value lookup is :data:`COMMANDS_BY_KEY`)."""
-
-
 TEXTS: Final = postgresql.ARRAY(String())
 """PostgreSQL: a text array parameter (a batch's values, one statement for all)."""
 _KEYS = (
@@ -377,20 +362,6 @@ def key_values(request_ids: Sequence[str], postgres: bool) -> tuple[str, str] | 
     if len(wanted) > 2:
         raise ValueError("a receipt lookup compares at most two values")
     return wanted[0], wanted[-1]
-
-
-PAIRED_LOOKUPS: Final = 4
-"""Up to this many pairs of values (keys, each as token and raw key), a lookup sends the raw
-two-value statement once per pair: cheaper than the expanding ``IN`` of :data:`COMMANDS_BY_KEYS`,
-whose parameters SQLAlchemy processes anew on every call."""
-
-
-def value_pairs(request_ids: Sequence[str], postgres: bool) -> list[tuple[str, str]] | None:
-    """``request_ids`` as :func:`key_values` pairs, in order; ``None`` if over :data:`PAIRED_LOOKUPS`."""
-    if len(request_ids) > 2 * PAIRED_LOOKUPS:
-        return None
-    pairs = (key_values(request_ids[i : i + 2], postgres) for i in range(0, len(request_ids), 2))
-    return [pair for pair in pairs if pair is not None]
 
 
 def receipt_order(

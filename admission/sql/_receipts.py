@@ -47,7 +47,6 @@ from admission.sql._fused import FusedStatements, ManyLocks, lock_rows, own_tran
 from admission.sql._pooler import pooler_of
 from admission.sql._receipt_queries import (
     COMMAND,
-    COMMANDS_BY_KEYS,
     INSERT_COMMAND,
     INSERT_RUN,
     INSERT_UPDATE,
@@ -66,7 +65,6 @@ from admission.sql._receipt_queries import (
     receipt_order,
     run_row,
     update_row,
-    value_pairs,
     wanted_keys,
 )
 from admission.sql._receipt_reads import ReceiptReads
@@ -130,7 +128,16 @@ class _SqlLocked:
         return self._current
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
-        return self._find(self._instance.id, command_type, request_ids)
+        group = (self._instance.id, command_type)
+        if len(request_ids) > 2:
+            return self.find_commands_many({group: request_ids})[group]
+        # A key under the lock, as its token and its raw key: the two-value statement.
+        pair = key_values(request_ids, self._postgres)
+        if pair is None:
+            return []
+        params = {"iid": group[0], "command_type": command_type, "token": pair[0], "raw": pair[1]}
+        rows = [(command_row(row), None) for row in self._raw.commands_by_key.rows(self._cursor, params)]
+        return [command for command, _ in (receipt_order(rows) if len(rows) > 1 else rows)]
 
     def find_commands_many(
         self, wanted: Mapping[tuple[str, str], Sequence[str]]
@@ -145,18 +152,6 @@ class _SqlLocked:
             command = command_row(row)
             found[(command.instance_id, command.command_type)].append((command, None))
         return {group: [command for command, _ in receipt_order(rows)] for group, rows in found.items()}
-
-    def _find(self, iid: str, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
-        pairs = value_pairs(request_ids, self._postgres)
-        if pairs is None:  # a batch's lookup of many keys at once
-            wanted = wanted_keys(request_ids, self._postgres)
-            params = {"iid": iid, "command_type": command_type, "request_ids": wanted}
-            found = self._conn.execute(COMMANDS_BY_KEYS, params)
-            return [command_row(r) for r in found.mappings()]
-        fixed, lookup = {"iid": iid, "command_type": command_type}, self._raw.commands_by_key
-        each_pair = (lookup.rows(self._cursor, {**fixed, "token": t, "raw": r}) for t, r in pairs)
-        rows = [(command_row(row), None) for each in each_pair for row in each]
-        return [command for command, _ in (receipt_order(rows) if len(rows) > 1 else rows)]
 
     def get_command(self, command_id: str) -> CommandRow | None:
         row = (

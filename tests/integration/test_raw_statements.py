@@ -652,3 +652,25 @@ def test_dispose_closes_the_kept_write_connections(db_url: str) -> None:
     (held,) = store._kept.writers.free  # type: ignore[attr-defined]
     store.dispose()
     assert held.proxy.closed and store._kept.writers.free == []  # type: ignore[attr-defined]
+
+
+def test_a_lookup_of_many_values_finds_what_one_lookup_per_key_finds(db_url: str) -> None:
+    # LockedInstance.find_commands with more than a key's two values (token and raw key) reads
+    # them in one statement; it must find, in the same order, what a lookup per key finds.
+    store = SqlStore.open(db_url)
+    service = AdmissionService(store)
+    try:
+        service.start_run("ns", "many")
+        keys = [f"many-{n}" for n in range(6)]
+        for key in keys[:4]:
+            service.admit_signal("ns", "many", "s", [key], request_id=key)
+        values = [v for key in keys for v in (receipt_token("signal", key), key)]
+        now = datetime.now(UTC)
+        with store.locked("ns", "many", created_at=now, new_id=str(uuid.uuid4())) as tx:
+            together = tx.find_commands("signal", values)
+            alone = [
+                c for i in range(0, len(values), 2) for c in tx.find_commands("signal", values[i : i + 2])
+            ]
+        assert [c.id for c in together] == [c.id for c in alone] and len(together) == 4
+    finally:
+        store.dispose()
