@@ -17,14 +17,13 @@ Pure: no I/O, no clock, no SQLAlchemy.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Final, Literal
 
 from admission.errors import InvalidValueError
 from admission.http._codecs import Codec, decode_envelope, parse_json_value
 from admission.intent._encoding import DEFAULT_MAX_SIZE, Value, canonical_decode
-from admission.receipts._sealed import SealedArguments, sealed_max_size
+from admission.receipts._sealed import SealedArguments, envelope_text, sealed_max_size
 
 __all__ = [
     "STORE_ARGUMENTS",
@@ -62,13 +61,9 @@ def admitted_arguments(
     if mode == "plaintext":
         return plaintext
     # decode_envelope accepted it, so it has exactly the string members codec and blob.
-    sealed = json.dumps(
-        {"codec": received["codec"], "blob": received["blob"]},
-        ensure_ascii=False,
-        separators=(",", ":"),
-        sort_keys=True,
-    )
-    return SealedArguments(plaintext, sealed)
+    codec, blob = received["codec"], received["blob"]
+    assert isinstance(codec, str) and isinstance(blob, str)
+    return SealedArguments(plaintext, envelope_text(codec, blob))
 
 
 def open_arguments(registry: Mapping[str, Codec], data: bytes, *, max_size: int = DEFAULT_MAX_SIZE) -> Value:

@@ -17,12 +17,13 @@ Pure: no I/O, no clock, no SQLAlchemy.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from admission.errors import InvalidValueError
 from admission.intent._encoding import EncodedIntent, Value, canonical_encode, encode_intent
 
-__all__ = ["SealedArguments", "intent_and_stored", "sealed_max_size"]
+__all__ = ["SealedArguments", "envelope_text", "intent_and_stored", "is_envelope_text", "sealed_max_size"]
 
 
 def sealed_max_size(max_size: int) -> int:
@@ -54,6 +55,26 @@ class SealedArguments:
     def __repr__(self) -> str:
         # Never the plaintext (it may be a card number), nor the sealed form.
         return f"SealedArguments(<{type(self.arguments).__name__}>, stored=<{len(self.stored)} chars>)"
+
+
+def envelope_text(codec: str, blob: str) -> str:
+    """The text a sealed command stores: the envelope ``{"codec", "blob"}`` as JSON, keys sorted,
+    no spaces (the HTTP adapter's ``store_arguments="envelope"``)."""
+    return json.dumps(
+        {"codec": codec, "blob": blob}, ensure_ascii=False, separators=(",", ":"), sort_keys=True
+    )
+
+
+def is_envelope_text(text: str) -> bool:
+    """Whether ``text`` is exactly what :func:`envelope_text` makes of some codec and blob."""
+    try:
+        members = json.loads(text)
+    except ValueError:
+        return False
+    if not isinstance(members, dict) or set(members) != {"blob", "codec"}:
+        return False
+    codec, blob = members["codec"], members["blob"]
+    return isinstance(codec, str) and isinstance(blob, str) and text == envelope_text(codec, blob)
 
 
 def _stored_bytes(stored: object, max_size: int) -> bytes:

@@ -14,7 +14,6 @@ an argument, a result, a literal key or any other stored value.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from admission.errors import AdmissionError
 from admission.intent._encoding import INTENT_VERSION, canonical_decode, intent_record
 from admission.intent._keys import receipt_token
 from admission.receipts._answers import context_of, literal_key
+from admission.receipts._sealed import is_envelope_text
 from admission.sql._audit_queries import (
     BLOBS,
     COMMANDS_WITH_EVENTS,
@@ -297,17 +297,7 @@ def _sealed(arguments: bytes) -> bool:
         text = canonical_decode(arguments, max_size=max(len(arguments), 1))
     except AdmissionError:
         return False  # reported by the digest and canonical checks
-    if not isinstance(text, str):
-        return False
-    try:
-        members = json.loads(text)
-    except ValueError:
-        return False
-    if not isinstance(members, dict) or set(members) != {"blob", "codec"}:
-        return False
-    if not all(isinstance(v, str) for v in members.values()):
-        return False
-    return text == json.dumps(members, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return isinstance(text, str) and is_envelope_text(text)
 
 
 def _verify_command(row: Any, found: _Collector) -> None:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from admission.intent import INTENT_VERSION, encode_intent, receipt_token
 from admission.intent._encoding import canonical_encode
 from admission.receipts._answers import context_of
+from admission.receipts._sealed import envelope_text, is_envelope_text
 from admission.sql._audit import _Collector, _verify_command, unexplained_gaps
 from tests.support.strategies import ARGUMENTS, TEXT
 
@@ -156,3 +157,12 @@ def test_only_the_envelope_text_the_adapter_writes_is_a_sealed_note(
     # The same members spaced or in another order are not what the adapter writes.
     row.arguments = canonical_encode(json.dumps({"blob": blob, "codec": codec}, indent=1))
     assert ("arguments_digest_mismatch", "c-1") in findings(row)
+
+
+@given(st.text(), st.text())
+def test_the_envelope_text_is_known_and_any_other_spelling_of_it_is_not(codec: str, blob: str) -> None:
+    # One definition of what a sealed command stores, for the HTTP adapter and the audit alike.
+    text = envelope_text(codec, blob)
+    assert is_envelope_text(text)
+    assert not is_envelope_text(text.replace(":", ": ", 1))
+    assert not is_envelope_text(json.dumps({"blob": blob, "codec": codec, "x": ""}, separators=(",", ":")))
