@@ -59,6 +59,7 @@ from admission.sql._schema import (
 )
 
 __all__ = [
+    "BATCH_ROWS",
     "FUSED_ADMISSION",
     "FusedStatements",
     "ManyLocks",
@@ -124,12 +125,98 @@ FUSED_ADMISSION: Final = {False: _fused(False), True: _fused(True)}
 """The fused admission without and with an update row (see the module docstring)."""
 
 
+def _column_arrays(table: Any, names: Sequence[str], prefix: str, alias: str) -> Any:
+    """The rows of one array parameter per column (``prefix`` + name + "s"), numbered ``n`` in order.
+
+    Each array is cast to its column's type, text without its length (a cast to
+    ``VARCHAR(n)`` would cut a longer value short; the column refuses it instead).
+    """
+
+    def array_of(name: str) -> Any:
+        column_type = table.c[name].type
+        return postgresql.ARRAY(String() if isinstance(column_type, String) else column_type)
+
+    arrays = (bindparam(f"{prefix}{name}s", type_=array_of(name)) for name in names)
+    return func.unnest(*arrays).table_valued(*names, with_ordinality="n").render_derived(name=alias)
+
+
+def _batch_rows(with_updates: bool) -> Select[Any]:
+    """A batch's fresh admissions in one statement: every command (``c_<column>s`` arrays), every
+    update (``u_``) if ``with_updates``, every event (``e_``); selects how many commands were inserted.
+
+    Rows go in in their arrays' order (event positions as row-by-row inserts would
+    give them).  A command whose key the receipt index already holds is skipped with
+    its update and event (joined to the inserted commands), and the count says so:
+    the batch then rolls back (``insert_admitted_many``).
+    """
+    given = _column_arrays(workflow_commands, COMMAND_FIELDS, "c_", "kc")
+    command = (
+        postgresql.insert(workflow_commands)
+        .from_select(list(COMMAND_FIELDS), select(*(given.c[n] for n in COMMAND_FIELDS)).order_by(given.c.n))
+        .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
+        .returning(workflow_commands.c.id)
+        .cte("c")
+    )
+    events = workflow_history_events
+    logged = _column_arrays(events, EVENT_KEYS, "e_", "ke")
+    event = insert(events).from_select(
+        [*EVENT_KEYS, "tx_id"],
+        select(*(logged.c[n] for n in EVENT_KEYS), func.txid_current())
+        .join_from(logged, command, command.c.id == logged.c.command_id)
+        .order_by(logged.c.n),
+    )
+    # The events' and updates' CTEs are not referenced by the select: a data-modifying CTE runs all the same.
+    many = select(func.count()).select_from(command).add_cte(event.cte("e"))
+    if with_updates:
+        names = [c.name for c in workflow_updates.c]
+        accepted = _column_arrays(workflow_updates, names, "u_", "ku")
+        update = insert(workflow_updates).from_select(
+            names,
+            select(*(accepted.c[n] for n in names))
+            .join_from(accepted, command, command.c.id == accepted.c.command_id)
+            .order_by(accepted.c.n),
+        )
+        many = many.add_cte(update.cte("u"))
+    return many
+
+
+BATCH_ROWS: Final = {False: _batch_rows(False), True: _batch_rows(True)}
+"""A batch's fresh admissions in one statement, without and with update rows."""
+
+
 class FusedStatements:
     """:data:`FUSED_ADMISSION` compiled for one PostgreSQL dialect."""
 
     def __init__(self, dialect: Dialect) -> None:
         self.signal = RawStatement(FUSED_ADMISSION[False], dialect)
         self.update = RawStatement(FUSED_ADMISSION[True], dialect)
+        self.many = {
+            with_updates: RawStatement(statement, dialect, binary=True)
+            for with_updates, statement in BATCH_ROWS.items()
+        }
+
+    def insert_many(
+        self, cursor: Any, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]
+    ) -> bool:
+        """Insert a batch's fresh commands, updates and events (:data:`BATCH_ROWS`) in the
+        transaction; ``False`` if the receipt index held a command's key (then some rows may
+        have been written: see :meth:`~admission.receipts.LockedInstance.insert_admitted_many`)."""
+        params: dict[str, list[Any]] = {f"c_{name}s": [] for name in COMMAND_FIELDS}
+        params.update((f"e_{name}s", []) for name in EVENT_KEYS)
+        columns = [params[f"c_{name}s"] for name in COMMAND_FIELDS]
+        logged = [(params[f"e_{name}s"], name) for name in EVENT_KEYS]
+        updates = []
+        for command, update, event in admitted:
+            for column, value in zip(columns, vars(command).values(), strict=True):
+                column.append(value)
+            for column, name in logged:
+                column.append(getattr(event, name))
+            if update is not None:
+                updates.append(vars(update))
+        if updates:
+            params.update((f"u_{name}s", [u[name] for u in updates]) for name in updates[0])
+        ((inserted,),) = self.many[bool(updates)].tuples(cursor, params)
+        return int(inserted) == len(admitted)
 
     def insert(
         self,
@@ -305,7 +392,7 @@ class ManyLocks:
 
     def __init__(self, dialect: Dialect) -> None:
         self._statements = tuple(
-            RawStatement(statement, dialect)
+            RawStatement(statement, dialect, binary=True)
             for statement in (CREATE_INSTANCES, LOCK_INSTANCES, INSTANCES_LOOKUP)
         )
 

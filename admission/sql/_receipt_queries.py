@@ -448,7 +448,7 @@ class BatchReads:
     def __init__(self, dialect: Dialect) -> None:
         self._dialect = dialect
         postgres = is_postgresql(dialect)
-        self._commands = RawStatement(COMMANDS_OF_INSTANCES, dialect) if postgres else None
+        self._commands = RawStatement(COMMANDS_OF_INSTANCES, dialect, binary=True) if postgres else None
         self._by_count: dict[tuple[Callable[[int], Select[Any]], int], RawStatement] = {}
 
     def commands(self, cursor: Any, triples: Sequence[tuple[str, str, str]]) -> list[dict[str, Any]]:

@@ -185,6 +185,9 @@ class _SqlLocked:
         return self._fused.insert(dbapi, self._cursor, (command, update, event), commit, self._async)
 
     def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
+        if self._fused is not None:
+            # PostgreSQL: one statement for the whole batch.
+            return self._fused.insert_many(self._cursor, admitted)
         return self._raw.batch.insert(self._conn, admitted)
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:

@@ -27,8 +27,8 @@ import admission.sql
 import admission.sql._connections
 from admission.errors import StorageError
 from admission.intent import receipt_token
-from admission.receipts import Admission, AdmissionService, CommandRow, Decision, EventRow
-from admission.sql import SqlStore, workflow_commands, workflow_history_events
+from admission.receipts import Admission, AdmissionService, CommandRow, Decision, EventRow, UpdateRow
+from admission.sql import SqlStore, workflow_commands, workflow_history_events, workflow_updates
 
 ARGS = {"order_id": "o-1", "amount": 3}
 ZONES = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
@@ -672,5 +672,74 @@ def test_a_lookup_of_many_values_finds_what_one_lookup_per_key_finds(db_url: str
                 c for i in range(0, len(values), 2) for c in tx.find_commands("signal", values[i : i + 2])
             ]
         assert [c.id for c in together] == [c.id for c in alone] and len(together) == 4
+    finally:
+        store.dispose()
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    when=_WHEN,
+    texts=st.lists(_TEXT, min_size=5, max_size=5),
+    optional=st.lists(_MAYBE_TEXT, min_size=6, max_size=6),
+    blobs=st.lists(_MAYBE_BYTES, min_size=4, max_size=4),
+    completed=st.none() | _WHEN,
+)
+def test_a_batchs_rows_written_together_are_stored_exactly_as_core_stores_them(
+    db_url: str,
+    when: datetime,
+    texts: list[str],
+    optional: list[str | None],
+    blobs: list[bytes | None],
+    completed: datetime | None,
+) -> None:
+    # insert_admitted_many: one executemany per table on SQLite, one statement of column
+    # arrays sent in binary on PostgreSQL; every column stored as Core stores it.
+    store = SqlStore.open(db_url)
+    try:
+        _, workflow, run_id = _new_instance(store)
+        with store.locked("raw", workflow, created_at=when, new_id="unused") as tx:
+            iid = tx.instance.id
+
+            def admitted(tag: str, sequence: int) -> tuple[CommandRow, UpdateRow, EventRow]:
+                command = CommandRow(
+                    str(uuid.uuid4()), iid, run_id, sequence, texts[0], texts[1], texts[2], optional[0],
+                    f"{tag}-{uuid.uuid4()}", blobs[0], blobs[1], texts[3], texts[4], optional[1], when,
+                    optional[2], optional[3], optional[4],
+                )  # fmt: skip
+                update = UpdateRow(
+                    str(uuid.uuid4()), command.id, iid, run_id, texts[1], texts[3], blobs[2], optional[5],
+                    when, completed,
+                )  # fmt: skip
+                event = EventRow("raw", iid, run_id, texts[0], command.id, update.id, blobs[3] or b"", when)
+                return command, update, event
+
+            batch = [admitted("raw", 2001), admitted("raw", 2002)]
+            assert tx.insert_admitted_many(batch)
+            core = admitted("core", 2003)
+            conn = tx._conn  # type: ignore[attr-defined]
+            conn.execute(insert(workflow_commands), vars(core[0]))
+            conn.execute(insert(workflow_updates), vars(core[1]))
+            tx_id = func.txid_current() if store.postgres else literal(0)
+            core_event = {k: v for k, v in vars(core[2]).items() if k not in ("position", "tx_id")}
+            conn.execute(insert(workflow_history_events).values(tx_id=tx_id), core_event)
+        unique = ("id", "command_id", "update_id", "request_id", "command_sequence", "position")
+        for table, key, which in ((workflow_commands, "id", 0), (workflow_updates, "id", 1)):
+            columns = [c.name for c in table.c if c.name not in unique]
+            forms = [_stored_form(store, table.name, columns, key, rows[which].id) for rows in (*batch, core)]
+            assert forms[0] == forms[1] == forms[2]
+        columns = [c.name for c in workflow_history_events.c if c.name not in unique]
+        forms = [
+            _stored_form(store, "workflow_history_events", columns, "command_id", rows[0].id)
+            for rows in (*batch, core)
+        ]
+        assert forms[0] == forms[1] == forms[2]
+        # The events in the order of the batch's items, before what the transaction wrote next.
+        with store.engine.connect() as conn:
+            logged = conn.execute(
+                select(workflow_history_events.c.command_id)
+                .where(workflow_history_events.c.instance_id == iid)
+                .order_by(workflow_history_events.c.position)
+            ).scalars()
+            assert list(logged)[-3:] == [batch[0][0].id, batch[1][0].id, core[0].id]
     finally:
         store.dispose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import insert
@@ -53,3 +54,14 @@ def test_each_rows_parameters_are_its_own(given_rows: list[dict[str, object]], d
     assert [list(v.values()) if isinstance(v, dict) else list(v) for v in got] == [
         list(v.values()) if isinstance(v, dict) else list(v) for v in expected
     ]
+
+
+def test_binary_parameters_take_psycopgs_binary_placeholder_and_only_where_it_exists() -> None:
+    from sqlalchemy import bindparam, literal_column, select
+
+    # A literal "%%(" (an escaped percent sign) is no placeholder and is left as it is.
+    statement = select(bindparam("a"), literal_column("'%(b)s'"))
+    sql = RawStatement(statement, postgresql.psycopg.dialect(), binary=True).sql
+    assert "%(a)b" in sql and "%(a)s" not in sql and "%%(b)s" in sql
+    with pytest.raises(ValueError, match="binary"):
+        RawStatement(statement, sqlite.dialect(), binary=True)
