@@ -69,6 +69,11 @@ def sized(examples: int) -> settings:
         stateful_step_count=STEP_COUNT,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        # The short runs (the async service, the two modes) draw the same cases every time, as
+        # in CI: with ten random examples, 7 of 300 lost-answer runs and 10 of 300 concurrent
+        # ones missed a coverage label (measured on memory), which would fail a run of the suite
+        # for nothing.  The main runs, with six times the examples, stay random outside CI.
+        derandomize=IN_CI or examples == MODE_EXAMPLES,
     )
 
 
