@@ -165,7 +165,7 @@ class BatchAdmission:
             for index, item in ready:
                 answers[index] = self._admit_held(deciding, item, now, found, written)
             if pending is not None:
-                pending.flush()
+                pending.flush(last=True)
 
     def _admit_held(
         self,
@@ -259,11 +259,12 @@ class _Pending:
     def add(self, admitted: tuple[CommandRow, UpdateRow | None, EventRow]) -> None:
         self._rows.append(admitted)
 
-    def flush(self) -> None:
-        """Write what is pending (raises :class:`_Raced` if a key was taken)."""
+    def flush(self, *, last: bool = False) -> None:
+        """Write what is pending (raises :class:`_Raced` if a key was taken); ``last``: the batch
+        writes nothing after (:meth:`~admission.receipts.LockedInstance.insert_admitted_many`)."""
         if self._rows:
             rows, self._rows = self._rows, []
-            if not self._writer.insert_admitted_many(rows):
+            if not self._writer.insert_admitted_many(rows, last=last):
                 raise _Raced
 
 

@@ -116,7 +116,9 @@ class _MemoryLocked:
         # A transaction here commits when its block ends, whatever ``last`` says.
         return insert_stepwise(self, command, update, event)
 
-    def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
+    def insert_admitted_many(
+        self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]], *, last: bool = False
+    ) -> bool:
         # Every instance of the transaction shares the working tables: any of them inserts for all.
         return all(insert_stepwise(self, command, update, event) for command, update, event in admitted)
 

@@ -249,14 +249,18 @@ class LockedInstance(Protocol):
         """
         ...
 
-    def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
+    def insert_admitted_many(
+        self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]], *, last: bool = False
+    ) -> bool:
         """Insert many fresh admissions (each as for :meth:`insert_admitted`, in order), made under
         locks this transaction holds, of this instance or any other it has locked: a batch's writes.
 
         ``False`` if the unique receipt index already held one of their keys;
-        rows may then have been written, and the caller must roll the
-        transaction back.  Optional: a batch on a store without it inserts
-        each admission as it is decided (:meth:`insert_admitted`).
+        rows may then have been written (never committed), and the caller must
+        roll the transaction back.  ``last`` as for :meth:`insert_admitted`: a
+        store may commit its own transaction with these rows, but only when it
+        answers ``True``.  Optional: a batch on a store without it inserts each
+        admission as it is decided (:meth:`insert_admitted`).
         """
         ...
 

@@ -14,9 +14,12 @@ round trip each; here they go in two exchanges of psycopg's pipeline mode:
    then ``COMMIT`` when the transaction is the store's own and the admission
    is its last write (:func:`write_rows`).
 
-A batch (``admit_many``) takes its locks the same way, for all its
-instances in one exchange (:class:`ManyLocks`): the missing instances
-created in lock order, every lock in lock order, then every instance read.
+A batch (``admit_many``) takes the same path in three exchanges: ``BEGIN``
+and all its instances' locks (:class:`ManyLocks`: the missing instances
+created in lock order, every lock in lock order, then every instance read);
+the lookup of all its keys; then all its rows in one statement
+(:data:`BATCH_ROWS`) with ``COMMIT``.  A key found taken there (a write
+outside the locks) fails that statement, so the ``COMMIT`` never runs.
 
 Why it is safe: the pipeline's statements up to its sync are one unit for
 the server.  If the fused statement fails, the server skips everything after
@@ -47,6 +50,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, UpdateRow
+from admission.sql._engine import constraint_name
 from admission.sql._greenlet import wait
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, INSTANCE_COLUMNS, REQUEST_INDEX, TEXTS
@@ -69,6 +73,13 @@ __all__ = [
 ]
 
 _IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
+_UNIQUE_VIOLATION: Final = "23505"
+REQUEST_LOOKUP: Final = next(
+    str(index.name)
+    for index in workflow_commands.indexes
+    if index.unique and tuple(c.name for c in index.columns) == REQUEST_INDEX
+)
+"""The unique receipt index's name (the backstop of the admission lock: contract §2.6, §4)."""
 
 
 def _fused(with_update: bool) -> Select[Any]:
@@ -145,15 +156,15 @@ def _batch_rows(with_updates: bool) -> Select[Any]:
     update (``u_``) if ``with_updates``, every event (``e_``); selects how many commands were inserted.
 
     Rows go in in their arrays' order (event positions as row-by-row inserts would
-    give them).  A command whose key the receipt index already holds is skipped with
-    its update and event (joined to the inserted commands), and the count says so:
-    the batch then rolls back (``insert_admitted_many``).
+    give them), the updates and events joined to the commands inserted.  A command
+    whose key the receipt index already holds fails the statement (no ``ON
+    CONFLICT``): nothing after it in its pipeline runs, a ``COMMIT`` sent with it
+    included, and the batch rolls back (:meth:`FusedStatements.insert_many`).
     """
     given = _column_arrays(workflow_commands, COMMAND_FIELDS, "c_", "kc")
     command = (
-        postgresql.insert(workflow_commands)
+        insert(workflow_commands)
         .from_select(list(COMMAND_FIELDS), select(*(given.c[n] for n in COMMAND_FIELDS)).order_by(given.c.n))
-        .on_conflict_do_nothing(index_elements=list(REQUEST_INDEX))
         .returning(workflow_commands.c.id)
         .cte("c")
     )
@@ -166,7 +177,7 @@ def _batch_rows(with_updates: bool) -> Select[Any]:
         .order_by(logged.c.n),
     )
     # The events' and updates' CTEs are not referenced by the select: a data-modifying CTE runs all the same.
-    many = select(func.count()).select_from(command).add_cte(event.cte("e"))
+    many = select(func.count().label("inserted")).select_from(command).add_cte(event.cte("e"))
     if with_updates:
         names = [c.name for c in workflow_updates.c]
         accepted = _column_arrays(workflow_updates, names, "u_", "ku")
@@ -196,11 +207,17 @@ class FusedStatements:
         }
 
     def insert_many(
-        self, cursor: Any, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]
+        self,
+        dbapi: Any,
+        cursor: Any,
+        admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]],
+        commit: bool,
+        is_async: bool,
     ) -> bool:
-        """Insert a batch's fresh commands, updates and events (:data:`BATCH_ROWS`) in the
-        transaction; ``False`` if the receipt index held a command's key (then some rows may
-        have been written: see :meth:`~admission.receipts.LockedInstance.insert_admitted_many`)."""
+        """Insert a batch's fresh commands, updates and events (:data:`BATCH_ROWS`), and with
+        ``commit`` commit in the same round trip (:func:`write_rows`); ``False``, nothing
+        committed and the transaction failed, if the receipt index held a command's key
+        (see :meth:`~admission.receipts.LockedInstance.insert_admitted_many`)."""
         params: dict[str, list[Any]] = {f"c_{name}s": [] for name in COMMAND_FIELDS}
         params.update((f"e_{name}s", []) for name in EVENT_KEYS)
         columns = [params[f"c_{name}s"] for name in COMMAND_FIELDS]
@@ -215,8 +232,16 @@ class FusedStatements:
                 updates.append(vars(update))
         if updates:
             params.update((f"u_{name}s", [u[name] for u in updates]) for name in updates[0])
-        ((inserted,),) = self.many[bool(updates)].tuples(cursor, params)
-        return int(inserted) == len(admitted)
+        try:
+            statement = self.many[bool(updates)]
+            (row,) = write_rows(dbapi, cursor, statement, params, commit=commit, is_async=is_async)
+        except Exception as error:
+            # The receipt index's unique violation: a key taken by a write outside the locks.
+            taken = getattr(error, "sqlstate", None) == _UNIQUE_VIOLATION
+            if taken and constraint_name(error) == REQUEST_LOOKUP:
+                return False
+            raise
+        return int(row["inserted"]) == len(admitted)
 
     def insert(
         self,
@@ -376,11 +401,15 @@ INSTANCES_LOOKUP: Final = select(*INSTANCE_COLUMNS).select_from(
 
 
 async def _lock_many_async(
-    driver: Any, statements: Sequence[RawStatement], params: Mapping[str, Any]
+    driver: Any, begin: str | None, statements: Sequence[RawStatement], params: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
     *writes, lookup = statements
+    if begin is not None and not driver.autocommit:
+        await driver.set_autocommit(True)
     cursor = driver.cursor()
     async with driver.pipeline():
+        if begin is not None:
+            await driver.cursor().execute(begin, prepare=False)
         for statement in writes:
             await driver.cursor().execute(statement.sql, statement.parameters(params))
         await cursor.execute(lookup.sql, lookup.parameters(params))
@@ -402,11 +431,14 @@ class ManyLocks:
         keys: Sequence[tuple[tuple[str, str], str]],
         created_at: datetime,
         *,
+        begin: str | None,
         is_async: bool,
     ) -> dict[tuple[str, str], dict[str, Any]]:
         """For each ((namespace, workflow_id), new id) of ``keys``, in their order (the lock
         order), in the connection's transaction: the instance's row inserted with the new id
         unless it exists, then every lock, then every instance read; each one's row, by key.
+        ``begin`` (when given: the driver connection is put in autocommit first) goes first, in
+        the same round trip, as in :func:`lock_rows`.
 
         Rows are created in lock order before any lock is taken, so a batch never
         holds an instance's lock while it waits to create another.  The read is a
@@ -421,11 +453,15 @@ class ManyLocks:
             "created_at": created_at,
         }
         if is_async:
-            found = wait(_lock_many_async(dbapi.driver_connection, self._statements, params))
+            found = wait(_lock_many_async(dbapi.driver_connection, begin, self._statements, params))
         else:
             *writes, lookup = self._statements
+            if begin is not None and not dbapi.autocommit:
+                dbapi.autocommit = True
             cursor = dbapi.cursor()
             with dbapi.pipeline():
+                if begin is not None:
+                    dbapi.cursor().execute(begin, prepare=False)
                 for statement in writes:
                     dbapi.cursor().execute(statement.sql, statement.parameters(params))
                 cursor.execute(lookup.sql, lookup.parameters(params))

@@ -184,11 +184,15 @@ class _SqlLocked:
         commit = last and self._commits
         return self._fused.insert(dbapi, self._cursor, (command, update, event), commit, self._async)
 
-    def insert_admitted_many(self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]) -> bool:
-        if self._fused is not None:
-            # PostgreSQL: one statement for the whole batch.
-            return self._fused.insert_many(self._cursor, admitted)
-        return self._raw.batch.insert(self._conn, admitted)
+    def insert_admitted_many(
+        self, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]], *, last: bool = False
+    ) -> bool:
+        if self._fused is None:
+            return self._raw.batch.insert(self._conn, admitted)
+        # PostgreSQL: one statement for the whole batch, and COMMIT with it when the
+        # transaction is the store's own.
+        dbapi = self._conn.connection.dbapi_connection
+        return self._fused.insert_many(dbapi, self._cursor, admitted, last and self._commits, self._async)
 
     def update_for_command(self, command_id: str) -> UpdateRow | None:
         row = self._conn.execute(UPDATE_OF_COMMAND, {"command_id": command_id}).mappings().first()
@@ -424,12 +428,18 @@ class SqlStore(ReceiptReads):
         return dbapi
 
     def _lock_many(
-        self, conn: Connection, ordered: Sequence[tuple[tuple[str, str], str]], created_at: datetime
+        self,
+        conn: Connection,
+        ordered: Sequence[tuple[tuple[str, str], str]],
+        created_at: datetime,
+        begin: str | None,
     ) -> dict[tuple[str, str], _SqlLocked]:
-        """Several instances' locks in ``ordered``'s order; on PostgreSQL with pipelines in one round trip."""
+        """Several instances' locks in ``ordered``'s order; on PostgreSQL with pipelines in one round
+        trip, with ``begin`` when given (the store's own transaction, as for :meth:`_lock`)."""
         cursor, raw = conn.connection.dbapi_connection.cursor(), (self._raw, self._fused)  # type: ignore[union-attr]
         if self._many_locks is not None:
-            found = self._many_locks.rows(self._driver(conn, None), ordered, created_at, is_async=self._async)
+            dbapi = self._driver(conn, begin)
+            found = self._many_locks.rows(dbapi, ordered, created_at, begin=begin, is_async=self._async)
         elif not self.postgres:
             # SQLite: BEGIN IMMEDIATE holds the lock; the instances are read at once, and a
             # missing one is created by its own lock below.
@@ -438,7 +448,7 @@ class SqlStore(ReceiptReads):
         else:
             found = {}
         return {
-            key: _SqlLocked(conn, cursor, found[key], raw, is_async=self._async, commits=False)
+            key: _SqlLocked(conn, cursor, found[key], raw, is_async=self._async, commits=begin is not None)
             if key in found
             else self._lock(conn, *key, created_at, new_id)
             for key, new_id in ordered
@@ -461,11 +471,11 @@ class SqlStore(ReceiptReads):
 
     @contextmanager
     def _held(
-        self, connection: Connection | None, take: Callable[[Connection, str | None], T], *, single: bool
+        self, connection: Connection | None, take: Callable[[Connection, str | None], T]
     ) -> Iterator[T]:
         """A transaction, the caller's or the store's own, with ``take`` run first in it (the locks);
-        ``take`` gets the ``BEGIN`` of the store's own for one instance (``single``) on PostgreSQL
-        with pipelines (:func:`~admission.sql._fused.own_transaction`), else ``None``."""
+        ``take`` gets the ``BEGIN`` of the store's own on PostgreSQL with pipelines
+        (:func:`~admission.sql._fused.own_transaction`), else ``None``."""
         if connection is not None:
             # The caller owns the transaction: neither commit nor roll back.
             with self._translate():
@@ -473,7 +483,7 @@ class SqlStore(ReceiptReads):
                 yield take(connection, None)
             return
         with self._translate(), self._kept.transaction(self.engine, self._write_engine) as conn:
-            if not (single and self._pipeline):
+            if not self._pipeline:
                 yield take(conn, None)
                 return
             with own_transaction(conn) as begin:
@@ -500,7 +510,6 @@ class SqlStore(ReceiptReads):
         return self._held(
             joined,
             lambda conn, begin: self._lock(conn, namespace, workflow_id, created_at, new_id, begin),
-            single=True,
         )
 
     def locked_many(
@@ -516,7 +525,7 @@ class SqlStore(ReceiptReads):
         # In key order, so no two batches wait on each other in a cycle (on SQLite
         # BEGIN IMMEDIATE already holds the write lock, and the rest only read).
         ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
-        return self._held(joined, lambda conn, _: self._lock_many(conn, ordered, created_at), single=False)
+        return self._held(joined, lambda conn, begin: self._lock_many(conn, ordered, created_at, begin))
 
     def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
         """Read an instance without locking it."""

@@ -155,7 +155,7 @@ def test_a_key_written_outside_the_locks_before_a_batch_writes_is_answered_from_
     outside: list[str] = []
     write = _SqlLocked.insert_admitted_many
 
-    def after_an_outside_write(self: _SqlLocked, admitted: Any) -> bool:
+    def after_an_outside_write(self: _SqlLocked, admitted: Any, **options: Any) -> bool:
         if not outside:
             # A writer that skips the admission lock (no foreign-key check, so no wait on the
             # locked instance) commits the first item's key between the lookup and the writes.
@@ -165,7 +165,7 @@ def test_a_key_written_outside_the_locks_before_a_batch_writes_is_answered_from_
                 conn.exec_driver_sql("SET LOCAL session_replication_role = replica")
                 row = {**vars(command), "id": outside[0], "command_sequence": command.command_sequence + 1000}
                 conn.execute(insert(workflow_commands).values(row))
-        return write(self, admitted)
+        return write(self, admitted, **options)
 
     monkeypatch.setattr(_SqlLocked, "insert_admitted_many", after_an_outside_write)
     answers = service.admit_many(_batch(["outside"], WORKFLOWS))
