@@ -5,12 +5,14 @@ admission's rows go in one statement sent with ``COMMIT``.  These tests hold
 it to the rules of any transaction: an error in that statement commits
 nothing of it (not the instance row made for it, not the command), the
 connection is sound and out of autocommit afterwards however the transaction
-ended, and the rows are the ones the statements one by one write.
+ended, and the rows are the ones the statements one by one write.  The round
+trips of a fresh admission, a retry and a batch are counted from libpq's trace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,12 +20,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 
 from admission.aio import AsyncAdmissionService, open_store, run_sync
 from admission.errors import RunStateError, StorageError
 from admission.intent import receipt_token
-from admission.receipts import AdmissionService, CommandRow, Decision, EventRow, UpdateRow
+from admission.receipts import AdmissionService, BatchCommand, CommandRow, Decision, EventRow, UpdateRow
 from admission.sql import SqlStore, create_admission_engine, metadata
 from tests.support.backends import PostgresPool, database_url
 
@@ -248,3 +250,40 @@ def test_the_begin_sent_with_the_lock_keeps_the_engines_isolation_level(
         assert shown == ("read committed" if level is None else level.lower())
     finally:
         store.dispose()
+
+
+def test_round_trips_of_a_fresh_admission_a_retry_and_a_batch(pg_url: str, tmp_path: Any) -> None:
+    # Counted from libpq's own trace of every connection the store uses: each Sync (a pipeline's
+    # end, or one statement's) and each simple Query waits for the server once.
+    store = SqlStore.open(pg_url)
+    path = tmp_path / "libpq.trace"
+    with path.open("w") as trace:
+
+        @event.listens_for(store.engine, "checkout")
+        def traced(dbapi: Any, record: Any, proxy: Any) -> None:
+            dbapi.pgconn.trace(trace.fileno())
+
+        def round_trips(action: Any) -> int:
+            start = path.stat().st_size
+            action()
+            sent = path.read_text()[start:]
+            return len(re.findall(r"\tF\t\d+\t(?:Sync|Query)\b", sent))
+
+        try:
+            service = AdmissionService(store)
+            service.start_run("ns", "wf")
+            batch = [
+                BatchCommand("signal", "ns", f"wf-{n % 4}", "s", [n], request_id=f"b-{n}") for n in range(8)
+            ]
+            counts = {
+                "fresh": round_trips(lambda: service.admit_signal("ns", "wf", "s", [1], request_id="k")),
+                "retry": round_trips(lambda: service.admit_signal("ns", "wf", "s", [1], request_id="k")),
+                "batch": round_trips(lambda: service.admit_many(batch)),
+                "batch again": round_trips(lambda: service.admit_many(batch)),
+            }
+        finally:
+            store.dispose()
+    # Fresh: the unlocked read, BEGIN with the lock, the rows with COMMIT.  A batch: BEGIN with
+    # its locks, its keys' lookup, its rows with COMMIT; all retries: nothing written, so the
+    # transaction's end is a COMMIT of its own.
+    assert counts == {"fresh": 3, "retry": 1, "batch": 3, "batch again": 3}
