@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import insert
+from sqlalchemy import bindparam, insert, literal_column, select
 from sqlalchemy.dialects import postgresql, sqlite
 
 from admission.sql import workflow_history_events
@@ -57,8 +57,6 @@ def test_each_rows_parameters_are_its_own(given_rows: list[dict[str, object]], d
 
 
 def test_binary_parameters_take_psycopgs_binary_placeholder_and_only_where_it_exists() -> None:
-    from sqlalchemy import bindparam, literal_column, select
-
     # A literal "%%(" (an escaped percent sign) is no placeholder and is left as it is.
     statement = select(bindparam("a"), literal_column("'%(b)s'"))
     sql = RawStatement(statement, postgresql.psycopg.dialect(), binary=True).sql
