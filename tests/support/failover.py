@@ -43,9 +43,19 @@ def admit(service: AdmissionService, workflow_id: str, kind: str, key: str) -> A
     return method(NS, workflow_id, "set" if kind == "update" else "go", arguments_of(key), request_id=key)
 
 
+def open_store(url: str) -> SqlStore:
+    """``SqlStore.open(url)``, retried while the server answers a retryable ``StorageError``: a
+    process may start (a spawned one takes seconds) while the primary is down."""
+    while True:
+        try:
+            return SqlStore.open(url)
+        except StorageError:
+            time.sleep(RETRY_PAUSE)
+
+
 def admit_until_stopped(url: str, index: int, log: str, stop: str) -> None:
     """One client process: keys ``c<index>-<n>`` on workflow ``wf<index>``, until ``stop`` exists."""
-    store = SqlStore.open(url)
+    store = open_store(url)
     service = AdmissionService(store)
     workflow_id = f"wf{index}"
     with open(log, "a", encoding="utf-8", buffering=1) as out:
@@ -77,7 +87,7 @@ def admit_until_stopped(url: str, index: int, log: str, stop: str) -> None:
 
 def follow_event_log(url: str, log: str, stop: str) -> None:
     """Read the event log after a cursor, 50 rows at a time, until ``stop`` exists and a read is empty."""
-    store = SqlStore.open(url)
+    store = open_store(url)
     cursor = EventCursor()
     with open(log, "a", encoding="utf-8", buffering=1) as out:
         while True:
