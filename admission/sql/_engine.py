@@ -50,6 +50,7 @@ __all__ = [
     "create_awaited_engine",
     "insert_or_ignore",
     "is_postgresql",
+    "is_unique_violation",
     "masked_url",
     "normalize_url",
     "pause",
@@ -512,6 +513,14 @@ def constraint_name(error: BaseException) -> str:
     text = str(error)
     match = _SQLITE_UNIQUE.search(text) or _SQLITE_NAMED.match(text)
     return match.group(1) if match else "unknown"
+
+
+_UNIQUE_VIOLATION: Final = "23505"
+
+
+def is_unique_violation(error: BaseException, index: str) -> bool:
+    """Whether a PostgreSQL driver's ``error`` is a unique violation of the index named ``index``."""
+    return getattr(error, "sqlstate", None) == _UNIQUE_VIOLATION and constraint_name(error) == index
 
 
 _log: Final = telemetry.logger("sql")

@@ -45,12 +45,12 @@ from contextlib import contextmanager, suppress
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Dialect, Select, String, and_, bindparam, cast, func, insert, null, select
+from sqlalchemy import Dialect, Insert, Select, String, and_, bindparam, cast, func, insert, null, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, UpdateRow
-from admission.sql._engine import constraint_name
+from admission.sql._engine import is_unique_violation
 from admission.sql._greenlet import wait
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, INSTANCE_COLUMNS, REQUEST_INDEX, TEXTS
@@ -73,7 +73,6 @@ __all__ = [
 ]
 
 _IDLE: Final = 0  # psycopg.pq.TransactionStatus.IDLE: no transaction open
-_UNIQUE_VIOLATION: Final = "23505"
 REQUEST_LOOKUP: Final = next(
     str(index.name)
     for index in workflow_commands.indexes
@@ -151,43 +150,33 @@ def _column_arrays(table: Any, names: Sequence[str], prefix: str, alias: str) ->
     return func.unnest(*arrays).table_valued(*names, with_ordinality="n").render_derived(name=alias)
 
 
-def _batch_rows(with_updates: bool) -> Select[Any]:
+def _batch_rows(with_updates: bool) -> Insert:
     """A batch's fresh admissions in one statement: every command (``c_<column>s`` arrays), every
-    update (``u_``) if ``with_updates``, every event (``e_``); selects how many commands were inserted.
+    update (``u_``) if ``with_updates``, every event (``e_``); it returns no rows.
 
     Rows go in in their arrays' order (event positions as row-by-row inserts would
-    give them), the updates and events joined to the commands inserted.  A command
-    whose key the receipt index already holds fails the statement (no ``ON
-    CONFLICT``): nothing after it in its pipeline runs, a ``COMMIT`` sent with it
-    included, and the batch rolls back (:meth:`FusedStatements.insert_many`).
+    give them).  A command whose key the receipt index already holds fails the
+    whole statement (no ``ON CONFLICT``): nothing after it in its pipeline runs,
+    a ``COMMIT`` sent with it included, and the batch rolls back
+    (:meth:`FusedStatements.insert_many`).  The updates' foreign key to their
+    command is checked at the statement's end, when every command is in.
     """
-    given = _column_arrays(workflow_commands, COMMAND_FIELDS, "c_", "kc")
-    command = (
-        insert(workflow_commands)
-        .from_select(list(COMMAND_FIELDS), select(*(given.c[n] for n in COMMAND_FIELDS)).order_by(given.c.n))
-        .returning(workflow_commands.c.id)
-        .cte("c")
-    )
+
+    def rows_of(table: Any, names: Sequence[str], prefix: str, alias: str) -> Any:
+        given = _column_arrays(table, names, prefix, alias)
+        return select(*(given.c[n] for n in names)).order_by(given.c.n)
+
     events = workflow_history_events
-    logged = _column_arrays(events, EVENT_KEYS, "e_", "ke")
-    event = insert(events).from_select(
-        [*EVENT_KEYS, "tx_id"],
-        select(*(logged.c[n] for n in EVENT_KEYS), func.txid_current())
-        .join_from(logged, command, command.c.id == logged.c.command_id)
-        .order_by(logged.c.n),
+    logged = rows_of(events, EVENT_KEYS, "e_", "ke").add_columns(func.txid_current())
+    many = (
+        insert(workflow_commands)
+        .from_select(list(COMMAND_FIELDS), rows_of(workflow_commands, COMMAND_FIELDS, "c_", "kc"))
+        .add_cte(insert(events).from_select([*EVENT_KEYS, "tx_id"], logged).cte("e"))
     )
-    # The events' and updates' CTEs are not referenced by the select: a data-modifying CTE runs all the same.
-    many = select(func.count().label("inserted")).select_from(command).add_cte(event.cte("e"))
     if with_updates:
         names = [c.name for c in workflow_updates.c]
-        accepted = _column_arrays(workflow_updates, names, "u_", "ku")
-        update = insert(workflow_updates).from_select(
-            names,
-            select(*(accepted.c[n] for n in names))
-            .join_from(accepted, command, command.c.id == accepted.c.command_id)
-            .order_by(accepted.c.n),
-        )
-        many = many.add_cte(update.cte("u"))
+        accepted = rows_of(workflow_updates, names, "u_", "ku")
+        many = many.add_cte(insert(workflow_updates).from_select(names, accepted).cte("u"))
     return many
 
 
@@ -234,14 +223,13 @@ class FusedStatements:
             params.update((f"u_{name}s", [u[name] for u in updates]) for name in updates[0])
         try:
             statement = self.many[bool(updates)]
-            (row,) = write_rows(dbapi, cursor, statement, params, commit=commit, is_async=is_async)
+            write_rows(dbapi, cursor, statement, params, commit=commit, is_async=is_async)
         except Exception as error:
-            # The receipt index's unique violation: a key taken by a write outside the locks.
-            taken = getattr(error, "sqlstate", None) == _UNIQUE_VIOLATION
-            if taken and constraint_name(error) == REQUEST_LOOKUP:
+            # A key taken by a write outside the locks.
+            if is_unique_violation(error, REQUEST_LOOKUP):
                 return False
             raise
-        return int(row["inserted"]) == len(admitted)
+        return True
 
     def insert(
         self,
@@ -477,6 +465,8 @@ async def _write_async(
         await cursor.execute(statement.sql, statement.parameters(params))
         await driver.cursor().execute("COMMIT", prepare=False)
     await driver.set_autocommit(False)  # in this await, not one more (own_transaction)
+    if cursor.description is None:  # a statement that returns no rows (BATCH_ROWS)
+        return []
     return statement.as_rows(cursor.description, await cursor.fetchall())
 
 

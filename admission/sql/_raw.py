@@ -147,10 +147,10 @@ class RawStatement:
         return self.fetched(cursor)
 
     def fetched(self, cursor: Any) -> list[dict[str, Any]]:
-        """The rows this statement returned on ``cursor``, as dicts by column name.
-
-        Only for statements that return rows (``SELECT``, ``RETURNING``).
-        """
+        """The rows this statement returned on ``cursor``, as dicts by column name; none for a
+        statement that returns no rows (an ``INSERT`` without ``RETURNING``)."""
+        if cursor.description is None:
+            return []
         names = self._names
         if names is None:
             names = self._names = [column[0] for column in cursor.description]
