@@ -15,7 +15,8 @@ engines control them.
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
@@ -72,7 +73,6 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _RANDOM_BITS: Final = 74
 """Random bits of a time-ordered id (RFC 9562 UUIDv7: 12 in ``rand_a``, 62 in ``rand_b``)."""
 
@@ -91,11 +91,9 @@ def time_ordered_id() -> str:
     correctness.  The id reveals its creation time to the millisecond, which
     every receipt already reports (``received_at``).
     """
-    millis = (datetime.now(UTC) - _EPOCH) // timedelta(milliseconds=1)
-    # uuid4 draws from os.urandom; its random bits below the version nibble
-    # (12 above the variant, 62 below it) sit where version 7 wants them.
-    drawn = uuid.uuid4().int
-    return uuid_at(millis, (drawn >> 64 & 0xFFF) << 62 | drawn & (1 << 62) - 1)
+    # 80 bits from os.urandom (as uuid4 draws them), 74 kept: without a uuid.UUID
+    # object and a datetime, which cost more than the rest of the id (~6 against ~2 µs).
+    return uuid_at(time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10)) >> 80 - _RANDOM_BITS)
 
 
 def uuid_at(millis: int, random: int) -> str:
