@@ -61,6 +61,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
+from admission.sql._wire import exchange, wire_ready
 
 __all__ = [
     "BATCH_ROWS",
@@ -334,6 +335,9 @@ def lock_rows(
     lock, lookup = statements
     if begin is not None and not dbapi.autocommit:
         dbapi.autocommit = True
+    if begin is not None and wire_ready(dbapi):
+        _, locked, found = exchange(dbapi, [begin.encode(), (lock, params), (lookup, params)], begins=True)
+        return found if locked else []
     lookup_cursor = dbapi.cursor()
     with dbapi.pipeline():
         if begin is not None:
@@ -491,6 +495,10 @@ def write_rows(
         return statement.rows(cursor, params)
     if is_async:
         return wait(_write_async(dbapi.driver_connection, statement, params))
+    if wire_ready(dbapi):
+        rows, _ = exchange(dbapi, [(statement, params), b"COMMIT"])
+        dbapi.autocommit = False
+        return rows
     with dbapi.pipeline():
         cursor.execute(statement.sql, statement.parameters(params))
         dbapi.cursor().execute("COMMIT", prepare=False)

@@ -41,7 +41,7 @@ class RawStatement:
     Engine-level execution events do not see these statements.
     """
 
-    __slots__ = ("_binds", "_names", "_plain", "_positional", "sql")
+    __slots__ = ("_binds", "_names", "_plain", "_positional", "sql", "wired")
 
     def __init__(
         self,
@@ -67,6 +67,7 @@ class RawStatement:
         # use of ``cursor.description`` makes psycopg build one object per
         # column, which costs more than fetching the row.
         self._names: list[str] | None = None
+        self.wired: Any = None  # its libpq form, made on first use (admission/sql/_wire.py)
         names = list(order) if order is not None else list(by_name)
         # (rendered name, caller's key or None for a literal, processor, literal value)
         self._binds: list[tuple[str, str | None, Any, Any]] = []
@@ -97,6 +98,20 @@ class RawStatement:
         if self._positional:
             return values
         return {name: value for (name, *_), value in zip(self._binds, values, strict=True)}
+
+    def ordered(self, names: Sequence[str]) -> Callable[[Mapping[str, Any]], list[Any]]:
+        """A function giving :meth:`parameters`' values of the parameters ``names``, in that order."""
+        binds = {name: (key, processor, literal) for name, key, processor, literal in self._binds}
+        picks = [binds[name] for name in names]
+
+        def values(params: Mapping[str, Any]) -> list[Any]:
+            out = []
+            for key, processor, literal_value in picks:
+                value = literal_value if key is None else params[key]
+                out.append(value if processor is None else processor(value))
+            return out
+
+        return values
 
     def parameter_sets(
         self, rows: Sequence[Mapping[str, Any]], common: Mapping[str, Any]

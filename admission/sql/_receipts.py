@@ -82,6 +82,7 @@ from admission.sql._schema import (
     workflow_updates,
 )
 from admission.sql._sqlite_file import verify_file
+from admission.sql._wire import forget_prepared
 
 __all__ = ["SqlStore"]
 
@@ -425,6 +426,7 @@ class SqlStore(ReceiptReads):
                 if begin is not None:
                     dbapi.autocommit = True
                 dbapi.execute("DEALLOCATE ALL")
+                forget_prepared(dbapi)
         return dbapi
 
     def _lock_many(

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
+import admission.sql._connections
 from admission.aio import AsyncAdmissionService, open_store, run_sync
 from admission.errors import RunStateError, StorageError
 from admission.intent import receipt_token
@@ -287,3 +288,66 @@ def test_round_trips_of_a_fresh_admission_a_retry_and_a_batch(pg_url: str, tmp_p
     # its locks, its keys' lookup, its rows with COMMIT; all retries: nothing written, so the
     # transaction's end is a COMMIT of its own.
     assert counts == {"fresh": 3, "retry": 1, "batch": 3, "batch again": 3}
+
+
+def _writer(store: SqlStore) -> Any:
+    """The driver connection of the store's one idle kept write connection."""
+    (held,) = store._kept.writers.free  # type: ignore[attr-defined]
+    return held.connection
+
+
+def _prepared_by_admission(driver: Any) -> list[tuple[str, datetime]]:
+    """The statements ``_wire`` prepared on ``driver``'s session, with when."""
+    rows = driver.execute(
+        "SELECT name, prepare_time FROM pg_prepared_statements WHERE name LIKE '\\_admission\\_%'"
+    ).fetchall()
+    driver.commit()
+    return [(str(name), when) for name, when in rows]
+
+
+def test_a_session_that_lost_its_prepared_statements_prepares_them_again_in_the_next_admission(
+    pg_store: SqlStore,
+) -> None:
+    # psycopg runs DEALLOCATE ALL when it rolls back a transaction while it holds
+    # statements of its own; admission's statements go with them.
+    service = AdmissionService(pg_store)
+    run = service.start_run("ns", "wf-lost")
+    first = service.admit_signal("ns", "wf-lost", "go", {"n": 1}, request_id="k1")
+    driver = _writer(pg_store)
+    before = _prepared_by_admission(driver)
+    assert len(before) >= 3  # the lock, the instance's lookup, the fused write
+    driver.execute("DEALLOCATE ALL")
+    driver.commit()
+    again = service.admit_signal("ns", "wf-lost", "go", {"n": 2}, request_id="k2")
+    after = _prepared_by_admission(driver)
+    assert (first.decision, again.decision) == (Decision.FRESH, Decision.FRESH)
+    assert again.command_sequence == first.command_sequence + 1 and again.run_id == run.run_id
+    assert len(after) == len(before) and not {name for name, _ in after} & {name for name, _ in before}
+    assert _counts(pg_store)["workflow_commands"] == 2
+    _assert_out_of_autocommit(pg_store)
+
+
+def test_a_write_connection_due_to_plan_again_prepares_admissions_statements_anew(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(admission.sql._connections, "REPLAN_AFTER", (4,))
+    store = SqlStore.open(pg_url)
+    try:
+        service = AdmissionService(store)
+        service.start_run("ns", "wf-replan")  # the connection's first use
+        prepared, names = [], []
+        for i in range(2, 7):
+            driver = _writer(store)
+            (started,) = driver.execute("SELECT clock_timestamp()").fetchone()
+            driver.commit()
+            answer = service.admit_signal("ns", "wf-replan", "go", {"n": i}, request_id=f"k{i}")
+            assert answer.decision is Decision.FRESH
+            statements = _prepared_by_admission(driver)
+            prepared.append(min(when for _, when in statements) > started)
+            names.append(sorted(name for name, _ in statements))
+        # Only the fourth use (the third admission) found them all dropped and prepared them again.
+        assert prepared == [False, False, True, False, False]
+        # Under the names they had: the store knew they were dropped and did not find them missing.
+        assert names[2] == names[1] and len(names[1]) >= 3
+    finally:
+        store.dispose()

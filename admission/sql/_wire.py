@@ -1,0 +1,225 @@
+"""PostgreSQL's hot statements sent through libpq's pipeline directly, without psycopg's cursors.
+
+A fresh admission on PostgreSQL is two exchanges of a few statements each
+(:mod:`~admission.sql._fused`).  Through psycopg's cursors and pipeline object
+each statement costs about 90 µs of client CPU (query conversion, the
+prepared-statement manager, a cursor's result set-up, a poll and a send per
+statement), several times what libpq itself needs: on the 2-core machine the
+client's CPU, not the server's, is what bounds eight processes admitting at
+once (docs/performance.md).
+
+Here a :class:`WireStatement` is a :class:`~admission.sql._raw.RawStatement`
+with its placeholders numbered (``$1``), prepared once per connection under a
+name of its own, in the same exchange as its first execution.  Its values are
+dumped and its rows loaded by psycopg's own ``Transformer`` (the adapters a
+cursor uses, so the bytes sent are the ones a cursor sends), and the exchange
+runs through psycopg's own pipeline generator and ``wait``, non-blocking, as a
+cursor's does.  :func:`exchange` sends a list of statements and a sync, then
+reads every result; the first error raises as psycopg raises it, after the
+whole exchange has been read, so the connection is left out of pipeline mode
+and its transaction, if one was begun, open in error for the rollback.
+
+Only where statements may be prepared by name: behind a transaction pooler
+(``prepare_threshold=None``, :mod:`~admission.sql._pooler`) the callers keep
+psycopg's own path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
+from weakref import WeakKeyDictionary
+
+from admission.sql._raw import RawStatement
+
+if TYPE_CHECKING:
+    from psycopg import pq
+
+# psycopg is imported where it is used: it is an extra (admission[postgresql]), and these
+# functions run only on its connections.
+
+__all__ = ["WireStatement", "exchange", "forget_prepared", "wire_ready"]
+
+_PLACEHOLDER: Final = re.compile(r"%(?:\(([^)]+)\)([sb])|%)")
+"""A named placeholder in pyformat (``%(name)s``, or ``%(name)b`` for binary), or an escaped ``%%``."""
+
+_NO_SUCH_STATEMENT: Final = "26000"  # invalid_sql_statement_name: a name the session no longer holds
+
+Key = tuple[bytes, tuple[int, ...]]
+"""A prepared statement's SQL and parameter types."""
+
+
+class _Session:
+    """The statements prepared on one connection's server session, by :data:`Key`."""
+
+    __slots__ = ("count", "names")
+
+    def __init__(self) -> None:
+        self.names: dict[Key, bytes] = {}
+        self.count = 0  # names handed out, so a name is never given twice on a session
+
+    def name(self) -> bytes:
+        self.count += 1
+        return f"_admission_{self.count}".encode()
+
+
+_sessions: WeakKeyDictionary[Any, _Session] = WeakKeyDictionary()
+"""Per psycopg connection, what its session holds prepared."""
+
+
+def forget_prepared(driver: Any) -> None:
+    """After ``DEALLOCATE ALL`` on ``driver``'s session: nothing of it is prepared any more."""
+    _sessions.pop(driver, None)
+
+
+def wire_ready(driver: Any) -> bool:
+    """Whether ``driver`` (a sync psycopg connection) may take :func:`exchange`: statements are
+    prepared by name on its session (no transaction pooler in between)."""
+    return driver.prepare_threshold is not None
+
+
+class WireStatement:
+    """A :class:`RawStatement` in libpq's own form: ``$n`` placeholders, each parameter's format."""
+
+    __slots__ = ("_names", "formats", "sql", "values")
+
+    def __init__(self, raw: RawStatement) -> None:
+        from psycopg.adapt import PyFormat
+
+        order: list[str] = []
+        formats: list[PyFormat] = []
+
+        def numbered(match: re.Match[str]) -> str:
+            name, kind = match.group(1), match.group(2)
+            if name is None:
+                return "%"
+            if name not in order:
+                order.append(name)
+                formats.append(PyFormat.BINARY if kind == "b" else PyFormat.AUTO)
+            return f"${order.index(name) + 1}"
+
+        self.sql: bytes = _PLACEHOLDER.sub(numbered, raw.sql).encode()
+        self.formats = tuple(formats)
+        # The statement's values in ``$n`` order, each through its type's bind processor.
+        self.values = raw.ordered(order)
+        self._names: list[str] | None = None
+
+    @classmethod
+    def of(cls, raw: RawStatement) -> WireStatement:
+        """``raw``'s libpq form, made once."""
+        wired = raw.wired
+        if wired is None:
+            wired = raw.wired = cls(raw)
+        assert isinstance(wired, WireStatement)
+        return wired
+
+    def rows(self, transformer: Any, result: pq.abc.PGresult) -> list[dict[str, Any]]:
+        """The rows of ``result``, loaded by psycopg's loaders, as dicts by column name."""
+        transformer.set_pgresult(result)
+        names = self._names
+        if names is None:
+            names = self._names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
+        return [dict(zip(names, row, strict=True)) for row in transformer.load_rows(0, result.ntuples, tuple)]
+
+
+Step = tuple[RawStatement, Mapping[str, Any]] | bytes
+"""One statement of an exchange: a prepared one with its parameters, or plain SQL without any
+(``BEGIN``, ``COMMIT``)."""
+
+
+def exchange(driver: Any, steps: Sequence[Step], *, begins: bool = False) -> list[list[dict[str, Any]]]:
+    """Send ``steps`` in one pipeline with a sync, read every result; each step's rows, in order.
+
+    A statement not yet prepared on ``driver``'s session is prepared in the same
+    exchange, just before it.  An error raises once every result is read (the
+    statements after a failed one are skipped by the server, a ``COMMIT``
+    among them).
+
+    psycopg drops every statement prepared on a session (``DEALLOCATE ALL``)
+    when it rolls a transaction back while it holds prepared statements of its
+    own; the first exchange after that finds its statements gone.  With
+    ``begins`` (``steps`` start with the ``BEGIN`` of a transaction that has
+    done nothing else) that transaction is rolled back and the exchange sent
+    again, its statements prepared anew; otherwise the error raises.
+    """
+    from psycopg import errors
+
+    try:
+        return _exchange(driver, steps)
+    except errors.InvalidSqlStatementName:
+        if not begins:
+            raise
+    driver.rollback()
+    return _exchange(driver, steps)
+
+
+def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[dict[str, Any]]]:
+    from psycopg import errors, generators, pq
+    from psycopg.adapt import Transformer
+
+    pgconn = driver.pgconn
+    transformer = Transformer(driver)
+    session = _sessions.get(driver)
+    if session is None:
+        session = _sessions[driver] = _Session()
+    names = session.names
+    commands: deque[Callable[[], None]] = deque()
+    # Per command sent, in order: the statement whose rows it returns, None for a plain
+    # statement, or the (SQL, types) key and name of a prepare.
+    sent: list[WireStatement | tuple[Key, bytes] | None] = []
+    for step in steps:
+        if isinstance(step, bytes):
+            commands.append(partial(pgconn.send_query_params, step, None))
+            sent.append(None)
+            continue
+        raw, params = step
+        statement = WireStatement.of(raw)
+        dumped = transformer.dump_sequence(statement.values(params), statement.formats)
+        key = (statement.sql, tuple(transformer.types or ()))
+        name = names.get(key)
+        if name is None:
+            name = session.name()
+            commands.append(partial(pgconn.send_prepare, name, statement.sql, param_types=key[1]))
+            sent.append((key, name))
+        commands.append(partial(pgconn.send_query_prepared, name, dumped, param_formats=transformer.formats))
+        sent.append(statement)
+    commands.append(pgconn.pipeline_sync)
+    pgconn.enter_pipeline_mode()
+    try:
+        # The generator returns once everything is sent, with the results read so far.
+        groups = driver.wait(generators.pipeline_communicate(pgconn, commands))
+        while not groups or groups[-1][0].status != pq.ExecStatus.PIPELINE_SYNC:
+            if group := driver.wait(generators.fetch_many(pgconn)):
+                groups.append(group)
+    except BaseException:
+        try:
+            pgconn.exit_pipeline_mode()
+        except errors.Error:
+            # Results still pending (a broken connection, an interrupt): closed, so that the
+            # pool never lends a connection left in pipeline mode.
+            driver.close()
+        raise
+    pgconn.exit_pipeline_mode()
+    results = [group[-1] for group in groups if group[0].status != pq.ExecStatus.PIPELINE_SYNC]
+    if len(results) != len(sent):
+        raise errors.InternalError(f"a pipeline of {len(sent)} commands gave {len(results)} results")
+    failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
+    rows: list[list[dict[str, Any]]] = []
+    for what, result in zip(sent, results, strict=True):
+        if result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED):
+            continue
+        if isinstance(what, tuple):
+            names[what[0]] = what[1]  # prepared: it stays on the session, whatever the transaction does
+        else:
+            rows.append([] if what is None else what.rows(transformer, result))
+    if failed is not None:
+        error = errors.error_from_result(failed, encoding=driver.info.encoding)
+        if error.sqlstate == _NO_SUCH_STATEMENT:
+            names.clear()  # the session lost its prepared statements (DISCARD, DEALLOCATE)
+        raise error
+    if len(rows) != len(steps):
+        raise errors.InternalError("a pipeline was aborted without an error")
+    return rows
