@@ -336,7 +336,9 @@ def lock_rows(
     if begin is not None and not dbapi.autocommit:
         dbapi.autocommit = True
     if begin is not None and wire_ready(dbapi):
-        _, locked, found = exchange(dbapi, [begin.encode(), (lock, params), (lookup, params)], begins=True)
+        _, locked, found = exchange(
+            dbapi, [begin.encode(), (lock, params), (lookup, params)], restartable=True
+        )
         return found if locked else []
     lookup_cursor = dbapi.cursor()
     with dbapi.pipeline():

@@ -82,7 +82,7 @@ from admission.sql._schema import (
     workflow_updates,
 )
 from admission.sql._sqlite_file import verify_file
-from admission.sql._wire import forget_prepared
+from admission.sql._wire import forget_prepared, read_tuples, wire_ready
 
 __all__ = ["SqlStore"]
 
@@ -318,6 +318,9 @@ class SqlStore(ReceiptReads):
         self._pipeline = self.postgres and pipeline is not None and bool(pipeline.is_supported())
         self._many_locks = ManyLocks(engine.dialect) if self._pipeline else None
         self._async = engine.dialect.is_async
+        # A sync PostgreSQL store reads a retry's receipts through libpq's pipeline directly
+        # (admission/sql/_wire.py), on connections in autocommit where statements are prepared.
+        self._wired_reads = self.postgres and not self._async
         if check:
             with self._read() as conn:
                 check_revision(conn)
@@ -572,7 +575,11 @@ class SqlStore(ReceiptReads):
     ) -> list[tuple[CommandRow, UpdateRow | None]]:
         found: list[tuple[CommandRow, UpdateRow | None]]
         if command_type == "signal":
-            signals = self._raw.signal_receipts.tuples(cursor, params)
+            statement = self._raw.signal_receipts
+            if self._wired_reads and connection.autocommit and wire_ready(connection):
+                signals = read_tuples(connection, statement, params)
+            else:
+                signals = statement.tuples(cursor, params)
             found = [(command_of_columns(r), None) for r in signals]
         else:
             rows = self._raw.receipts.rows(cursor, params)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 # psycopg is imported where it is used: it is an extra (admission[postgresql]), and these
 # functions run only on its connections.
 
-__all__ = ["WireStatement", "exchange", "forget_prepared", "wire_ready"]
+__all__ = ["WireStatement", "exchange", "forget_prepared", "read_tuples", "wire_ready"]
 
 _PLACEHOLDER: Final = re.compile(r"%(?:\(([^)]+)\)([sb])|%)")
 """A named placeholder in pyformat (``%(name)s``, or ``%(name)b`` for binary), or an escaped ``%%``."""
@@ -116,13 +116,19 @@ class WireStatement:
         assert isinstance(wired, WireStatement)
         return wired
 
-    def rows(self, transformer: Any, result: pq.abc.PGresult) -> list[dict[str, Any]]:
-        """The rows of ``result``, loaded by psycopg's loaders, as dicts by column name."""
+    def tuples(self, transformer: Any, result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+        """The rows of ``result``, loaded by psycopg's loaders, in column order."""
+        if self._names is None:
+            self._names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
         transformer.set_pgresult(result)
+        rows: list[tuple[Any, ...]] = transformer.load_rows(0, result.ntuples, tuple)
+        return rows
+
+    def as_dicts(self, rows: Sequence[tuple[Any, ...]]) -> list[dict[str, Any]]:
+        """``rows`` of :meth:`tuples` as dicts by column name."""
         names = self._names
-        if names is None:
-            names = self._names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
-        return [dict(zip(names, row, strict=True)) for row in transformer.load_rows(0, result.ntuples, tuple)]
+        assert names is not None
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 Step = tuple[RawStatement, Mapping[str, Any]] | bytes
@@ -130,7 +136,7 @@ Step = tuple[RawStatement, Mapping[str, Any]] | bytes
 (``BEGIN``, ``COMMIT``)."""
 
 
-def exchange(driver: Any, steps: Sequence[Step], *, begins: bool = False) -> list[list[dict[str, Any]]]:
+def exchange(driver: Any, steps: Sequence[Step], *, restartable: bool = False) -> list[list[dict[str, Any]]]:
     """Send ``steps`` in one pipeline with a sync, read every result; each step's rows, in order.
 
     A statement not yet prepared on ``driver``'s session is prepared in the same
@@ -141,22 +147,37 @@ def exchange(driver: Any, steps: Sequence[Step], *, begins: bool = False) -> lis
     psycopg drops every statement prepared on a session (``DEALLOCATE ALL``)
     when it rolls a transaction back while it holds prepared statements of its
     own; the first exchange after that finds its statements gone.  With
-    ``begins`` (``steps`` start with the ``BEGIN`` of a transaction that has
-    done nothing else) that transaction is rolled back and the exchange sent
-    again, its statements prepared anew; otherwise the error raises.
+    ``restartable`` (``steps`` start with the ``BEGIN`` of a transaction, or
+    run in autocommit: nothing done before them is lost by a rollback) the
+    transaction is rolled back and the exchange sent again, its statements
+    prepared anew; otherwise the error raises.
     """
+    wired = _restarted(driver, steps, restartable)
+    return [
+        [] if isinstance(step, bytes) else WireStatement.of(step[0]).as_dicts(rows)
+        for step, rows in zip(steps, wired, strict=True)
+    ]
+
+
+def read_tuples(driver: Any, statement: RawStatement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """The rows of ``statement`` in column order, on ``driver`` in autocommit (see :func:`exchange`)."""
+    (rows,) = _restarted(driver, [(statement, params)], True)
+    return rows
+
+
+def _restarted(driver: Any, steps: Sequence[Step], restartable: bool) -> list[list[tuple[Any, ...]]]:
     from psycopg import errors
 
     try:
         return _exchange(driver, steps)
     except errors.InvalidSqlStatementName:
-        if not begins:
+        if not restartable:
             raise
     driver.rollback()
     return _exchange(driver, steps)
 
 
-def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[dict[str, Any]]]:
+def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
     from psycopg import errors, generators, pq
     from psycopg.adapt import Transformer
 
@@ -207,14 +228,14 @@ def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[dict[str, Any]]]:
     if len(results) != len(sent):
         raise errors.InternalError(f"a pipeline of {len(sent)} commands gave {len(results)} results")
     failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
-    rows: list[list[dict[str, Any]]] = []
+    rows: list[list[tuple[Any, ...]]] = []
     for what, result in zip(sent, results, strict=True):
         if result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED):
             continue
         if isinstance(what, tuple):
             names[what[0]] = what[1]  # prepared: it stays on the session, whatever the transaction does
         else:
-            rows.append([] if what is None else what.rows(transformer, result))
+            rows.append([] if what is None else what.tuples(transformer, result))
     if failed is not None:
         error = errors.error_from_result(failed, encoding=driver.info.encoding)
         if error.sqlstate == _NO_SUCH_STATEMENT:
