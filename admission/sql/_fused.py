@@ -61,7 +61,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
-from admission.sql._wire import exchange, wire_ready
+from admission.sql._wire import Step, exchange, exchange_async, wire_ready
 
 __all__ = [
     "BATCH_ROWS",
@@ -304,6 +304,10 @@ async def _lock_async(
     lock, lookup = statements
     if begin is not None and not driver.autocommit:
         await driver.set_autocommit(True)
+    if begin is not None and wire_ready(driver):
+        steps: list[Step] = [begin.encode(), (lock, params), (lookup, params)]
+        _, locked, found = await exchange_async(driver, steps, restartable=True)
+        return found if locked else []
     lock_cursor = driver.cursor()
     lookup_cursor = driver.cursor()
     async with driver.pipeline():
@@ -466,6 +470,10 @@ class ManyLocks:
 async def _write_async(
     driver: Any, statement: RawStatement, params: Mapping[str, Any]
 ) -> list[dict[str, Any]]:
+    if wire_ready(driver):
+        rows, _ = await exchange_async(driver, [(statement, params), b"COMMIT"])
+        await driver.set_autocommit(False)  # in this await, not one more (own_transaction)
+        return rows
     cursor = driver.cursor()
     async with driver.pipeline():
         await cursor.execute(statement.sql, statement.parameters(params))

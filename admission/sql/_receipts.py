@@ -429,7 +429,7 @@ class SqlStore(ReceiptReads):
                 if begin is not None:
                     dbapi.autocommit = True
                 dbapi.execute("DEALLOCATE ALL")
-                forget_prepared(dbapi)
+                forget_prepared(conn.connection.driver_connection)
         return dbapi
 
     def _lock_many(

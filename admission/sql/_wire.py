@@ -41,7 +41,15 @@ if TYPE_CHECKING:
 # psycopg is imported where it is used: it is an extra (admission[postgresql]), and these
 # functions run only on its connections.
 
-__all__ = ["WireStatement", "exchange", "forget_prepared", "read_tuples", "wire_ready"]
+__all__ = [
+    "Step",
+    "WireStatement",
+    "exchange",
+    "exchange_async",
+    "forget_prepared",
+    "read_tuples",
+    "wire_ready",
+]
 
 _PLACEHOLDER: Final = re.compile(r"%(?:\(([^)]+)\)([sb])|%)")
 """A named placeholder in pyformat (``%(name)s``, or ``%(name)b`` for binary), or an escaped ``%%``."""
@@ -152,17 +160,36 @@ def exchange(driver: Any, steps: Sequence[Step], *, restartable: bool = False) -
     transaction is rolled back and the exchange sent again, its statements
     prepared anew; otherwise the error raises.
     """
-    wired = _restarted(driver, steps, restartable)
-    return [
-        [] if isinstance(step, bytes) else WireStatement.of(step[0]).as_dicts(rows)
-        for step, rows in zip(steps, wired, strict=True)
-    ]
+    return _as_dicts(steps, _restarted(driver, steps, restartable))
 
 
 def read_tuples(driver: Any, statement: RawStatement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
     """The rows of ``statement`` in column order, on ``driver`` in autocommit (see :func:`exchange`)."""
     (rows,) = _restarted(driver, [(statement, params)], True)
     return rows
+
+
+async def exchange_async(
+    driver: Any, steps: Sequence[Step], *, restartable: bool = False
+) -> list[list[dict[str, Any]]]:
+    """:func:`exchange` on a psycopg ``AsyncConnection``."""
+    from psycopg import errors
+
+    try:
+        wired = await _exchange_async(driver, steps)
+    except errors.InvalidSqlStatementName:
+        if not restartable:
+            raise
+        await driver.rollback()
+        wired = await _exchange_async(driver, steps)
+    return _as_dicts(steps, wired)
+
+
+def _as_dicts(steps: Sequence[Step], wired: Sequence[list[tuple[Any, ...]]]) -> list[list[dict[str, Any]]]:
+    return [
+        [] if isinstance(step, bytes) else WireStatement.of(step[0]).as_dicts(rows)
+        for step, rows in zip(steps, wired, strict=True)
+    ]
 
 
 def _restarted(driver: Any, steps: Sequence[Step], restartable: bool) -> list[list[tuple[Any, ...]]]:
@@ -178,43 +205,13 @@ def _restarted(driver: Any, steps: Sequence[Step], restartable: bool) -> list[li
 
 
 def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
-    from psycopg import errors, generators, pq
-    from psycopg.adapt import Transformer
+    from psycopg import errors
 
+    sending = _Sending(driver, steps)
     pgconn = driver.pgconn
-    transformer = Transformer(driver)
-    session = _sessions.get(driver)
-    if session is None:
-        session = _sessions[driver] = _Session()
-    names = session.names
-    commands: deque[Callable[[], None]] = deque()
-    # Per command sent, in order: the statement whose rows it returns, None for a plain
-    # statement, or the (SQL, types) key and name of a prepare.
-    sent: list[WireStatement | tuple[Key, bytes] | None] = []
-    for step in steps:
-        if isinstance(step, bytes):
-            commands.append(partial(pgconn.send_query_params, step, None))
-            sent.append(None)
-            continue
-        raw, params = step
-        statement = WireStatement.of(raw)
-        dumped = transformer.dump_sequence(statement.values(params), statement.formats)
-        key = (statement.sql, tuple(transformer.types or ()))
-        name = names.get(key)
-        if name is None:
-            name = session.name()
-            commands.append(partial(pgconn.send_prepare, name, statement.sql, param_types=key[1]))
-            sent.append((key, name))
-        commands.append(partial(pgconn.send_query_prepared, name, dumped, param_formats=transformer.formats))
-        sent.append(statement)
-    commands.append(pgconn.pipeline_sync)
     pgconn.enter_pipeline_mode()
     try:
-        # The generator returns once everything is sent, with the results read so far.
-        groups = driver.wait(generators.pipeline_communicate(pgconn, commands))
-        while not groups or groups[-1][0].status != pq.ExecStatus.PIPELINE_SYNC:
-            if group := driver.wait(generators.fetch_many(pgconn)):
-                groups.append(group)
+        groups = driver.wait(sending.communicate())
     except BaseException:
         try:
             pgconn.exit_pipeline_mode()
@@ -224,23 +221,101 @@ def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]
             driver.close()
         raise
     pgconn.exit_pipeline_mode()
-    results = [group[-1] for group in groups if group[0].status != pq.ExecStatus.PIPELINE_SYNC]
-    if len(results) != len(sent):
-        raise errors.InternalError(f"a pipeline of {len(sent)} commands gave {len(results)} results")
-    failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
-    rows: list[list[tuple[Any, ...]]] = []
-    for what, result in zip(sent, results, strict=True):
-        if result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED):
-            continue
-        if isinstance(what, tuple):
-            names[what[0]] = what[1]  # prepared: it stays on the session, whatever the transaction does
-        else:
-            rows.append([] if what is None else what.tuples(transformer, result))
-    if failed is not None:
-        error = errors.error_from_result(failed, encoding=driver.info.encoding)
-        if error.sqlstate == _NO_SUCH_STATEMENT:
-            names.clear()  # the session lost its prepared statements (DISCARD, DEALLOCATE)
-        raise error
-    if len(rows) != len(steps):
-        raise errors.InternalError("a pipeline was aborted without an error")
-    return rows
+    return sending.received(groups)
+
+
+async def _exchange_async(driver: Any, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
+    from psycopg import errors
+
+    sending = _Sending(driver, steps)
+    pgconn = driver.pgconn
+    pgconn.enter_pipeline_mode()
+    try:
+        groups = await driver.wait(sending.communicate())
+    except BaseException:
+        try:
+            pgconn.exit_pipeline_mode()
+        except errors.Error:
+            await driver.close()  # as in _exchange
+        raise
+    pgconn.exit_pipeline_mode()
+    return sending.received(groups)
+
+
+class _Sending:
+    """One exchange's commands (prepares where needed), and what each one's result is."""
+
+    __slots__ = ("_driver", "_session", "_steps", "_transformer", "commands", "sent")
+
+    def __init__(self, driver: Any, steps: Sequence[Step]) -> None:
+        from psycopg.adapt import Transformer
+
+        pgconn = driver.pgconn
+        self._driver, self._steps = driver, steps
+        self._transformer = transformer = Transformer(driver)
+        session = _sessions.get(driver)
+        if session is None:
+            session = _sessions[driver] = _Session()
+        self._session = session
+        names = session.names
+        self.commands: deque[Callable[[], None]] = deque()
+        # Per command sent, in order: the statement whose rows it returns, None for a plain
+        # statement, or the (SQL, types) key and name of a prepare.
+        self.sent: list[WireStatement | tuple[Key, bytes] | None] = []
+        for step in steps:
+            if isinstance(step, bytes):
+                self.commands.append(partial(pgconn.send_query_params, step, None))
+                self.sent.append(None)
+                continue
+            raw, params = step
+            statement = WireStatement.of(raw)
+            dumped = transformer.dump_sequence(statement.values(params), statement.formats)
+            key = (statement.sql, tuple(transformer.types or ()))
+            name = names.get(key)
+            if name is None:
+                name = session.name()
+                self.commands.append(partial(pgconn.send_prepare, name, statement.sql, param_types=key[1]))
+                self.sent.append((key, name))
+            formats = transformer.formats
+            self.commands.append(partial(pgconn.send_query_prepared, name, dumped, param_formats=formats))
+            self.sent.append(statement)
+        self.commands.append(pgconn.pipeline_sync)
+
+    def communicate(self) -> Any:
+        """psycopg's generator that sends the commands (reading results meanwhile, so neither
+        side waits on a full buffer), then its reads up to the sync's result: one wait for all."""
+        from psycopg import generators, pq
+
+        pgconn = self._driver.pgconn
+        # pipeline_communicate returns once everything is sent, with the results read so far.
+        groups = yield from generators.pipeline_communicate(pgconn, self.commands)
+        while not groups or groups[-1][0].status != pq.ExecStatus.PIPELINE_SYNC:
+            if group := (yield from generators.fetch_many(pgconn)):
+                groups.append(group)
+        return groups
+
+    def received(self, groups: Sequence[Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
+        """Each step's rows from the results read; the first error raised as psycopg raises it."""
+        from psycopg import errors, pq
+
+        results = [group[-1] for group in groups if group[0].status != pq.ExecStatus.PIPELINE_SYNC]
+        if len(results) != len(self.sent):
+            raise errors.InternalError(f"a pipeline of {len(self.sent)} commands gave {len(results)} results")
+        failed = next((r for r in results if r.status == pq.ExecStatus.FATAL_ERROR), None)
+        names = self._session.names
+        rows: list[list[tuple[Any, ...]]] = []
+        for what, result in zip(self.sent, results, strict=True):
+            if result.status in (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED):
+                continue
+            if isinstance(what, tuple):
+                names[what[0]] = what[1]  # prepared: it stays on the session, whatever the transaction does
+            else:
+                rows.append([] if what is None else what.tuples(self._transformer, result))
+        if failed is not None:
+            error = errors.error_from_result(failed, encoding=self._driver.info.encoding)
+            if error.sqlstate == _NO_SUCH_STATEMENT:
+                names.clear()  # the session lost its prepared statements (DISCARD, DEALLOCATE)
+            raise error
+        if len(rows) != len(self._steps):
+            raise errors.InternalError("a pipeline was aborted without an error")
+        return rows

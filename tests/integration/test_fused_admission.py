@@ -28,6 +28,7 @@ from admission.errors import RunStateError, StorageError
 from admission.intent import receipt_token
 from admission.receipts import AdmissionService, BatchCommand, CommandRow, Decision, EventRow, UpdateRow
 from admission.sql import SqlStore, create_admission_engine, metadata
+from admission.sql._greenlet import wait
 from tests.support.backends import PostgresPool, database_url
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -356,3 +357,36 @@ def test_a_write_connection_due_to_plan_again_prepares_admissions_statements_ane
         assert names[2] == names[1] and len(names[1]) >= 3
     finally:
         store.dispose()
+
+
+def _drop_prepared_of_async_writer(store: SqlStore) -> int:
+    """``DEALLOCATE ALL`` on the async store's idle write connection; how many of admission's
+    statements it held."""
+    (held,) = store._kept.writers.free  # type: ignore[attr-defined]
+    driver = held.proxy.connection.driver_connection
+    cursor = wait(
+        driver.execute("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_admission\\_%'")
+    )
+    ((count,),) = wait(cursor.fetchall())
+    wait(driver.execute("DEALLOCATE ALL"))
+    wait(driver.commit())
+    return int(count)
+
+
+def test_the_async_store_prepares_its_statements_again_after_a_session_lost_them(pg_url: str) -> None:
+    async def main() -> None:
+        store = await open_store(pg_url)
+        sync = store.sync
+        assert isinstance(sync, SqlStore) and sync.engine.dialect.is_async
+        service = AsyncAdmissionService(store, clock=lambda: NOW)
+        await service.start_run("ns", "wf-async-lost")
+        first = await service.admit_signal("ns", "wf-async-lost", "go", {"n": 1}, request_id="k1")
+        assert await run_sync(_drop_prepared_of_async_writer, sync) >= 3
+        again = await service.admit_signal("ns", "wf-async-lost", "go", {"n": 2}, request_id="k2")
+        assert (first.decision, again.decision) == (Decision.FRESH, Decision.FRESH)
+        assert again.command_sequence == first.command_sequence + 1
+        assert (await run_sync(_counts, sync))["workflow_commands"] == 2
+        await run_sync(_assert_out_of_autocommit, sync)
+        await store.dispose()
+
+    asyncio.run(main())
