@@ -164,8 +164,15 @@ def exchange(driver: Any, steps: Sequence[Step], *, restartable: bool = False) -
 
 
 def read_tuples(driver: Any, statement: RawStatement, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-    """The rows of ``statement`` in column order, on ``driver`` in autocommit (see :func:`exchange`)."""
-    (rows,) = _restarted(driver, [(statement, params)], True)
+    """The rows of ``statement`` in column order, on ``driver`` in autocommit (see :func:`exchange`).
+
+    Not restarted when its statement is found gone: a read connection's session
+    keeps what it prepared (in autocommit psycopg has nothing to roll back), so a
+    statement gone from it means a transaction pooler between (``admission_pooler``
+    unset, :mod:`~admission.sql._pooler`), which the error names.  The session's
+    statements are then prepared again by the next read.
+    """
+    (rows,) = _restarted(driver, [(statement, params)], False)
     return rows
 
 
