@@ -515,12 +515,9 @@ def constraint_name(error: BaseException) -> str:
     return match.group(1) if match else "unknown"
 
 
-_UNIQUE_VIOLATION: Final = "23505"
-
-
 def is_unique_violation(error: BaseException, index: str) -> bool:
-    """Whether a PostgreSQL driver's ``error`` is a unique violation of the index named ``index``."""
-    return getattr(error, "sqlstate", None) == _UNIQUE_VIOLATION and constraint_name(error) == index
+    """Whether a PostgreSQL driver's ``error`` is a unique violation (23505) of the index ``index``."""
+    return getattr(error, "sqlstate", None) == "23505" and constraint_name(error) == index
 
 
 _log: Final = telemetry.logger("sql")

@@ -3,7 +3,9 @@
 A fresh admission on PostgreSQL is, under the lock, ``BEGIN``, the lock,
 the instance lookup, the command's insert, its update's insert (for an
 update), its event's insert and ``COMMIT``.  Sent one at a time they cost a
-round trip each; here they go in two exchanges of psycopg's pipeline mode:
+round trip each; here they go in two exchanges of libpq's pipeline mode (sent
+through :mod:`~admission.sql._wire`, or psycopg's pipeline object behind a
+transaction pooler, where nothing may be prepared by name):
 
 1. ``BEGIN``, the lock and the lookup (:func:`lock_rows`).  The server runs
    them in order, so the lookup, a new statement under READ COMMITTED, starts
