@@ -113,12 +113,17 @@ def test_an_error_in_the_statement_sent_with_commit_leaves_nothing_of_the_transa
     assert grown == expected
 
 
+async def _async_service(url: str) -> tuple[Any, SqlStore, AsyncAdmissionService]:
+    """An async store on ``url``, its sync store (the async engine's), and a service on it."""
+    store = await open_store(url)
+    sync = store.sync
+    assert isinstance(sync, SqlStore) and sync.engine.dialect.is_async
+    return store, sync, AsyncAdmissionService(store, clock=lambda: NOW)
+
+
 def test_the_async_store_rolls_back_the_failed_statement_and_goes_on(pg_url: str) -> None:
     async def main() -> None:
-        store = await open_store(pg_url)
-        sync = store.sync
-        assert isinstance(sync, SqlStore) and sync.engine.dialect.is_async
-        service = AsyncAdmissionService(store, clock=lambda: NOW)
+        store, sync, service = await _async_service(pg_url)
         workflow = f"wf-{uuid.uuid4()}"
         run = await service.start_run("ns", workflow)
         before = await run_sync(_counts, sync)
@@ -379,10 +384,7 @@ def _drop_prepared_of_async_writer(store: SqlStore) -> int:
 
 def test_the_async_store_prepares_its_statements_again_after_a_session_lost_them(pg_url: str) -> None:
     async def main() -> None:
-        store = await open_store(pg_url)
-        sync = store.sync
-        assert isinstance(sync, SqlStore) and sync.engine.dialect.is_async
-        service = AsyncAdmissionService(store, clock=lambda: NOW)
+        store, sync, service = await _async_service(pg_url)
         await service.start_run("ns", "wf-async-lost")
         first = await service.admit_signal("ns", "wf-async-lost", "go", {"n": 1}, request_id="k1")
         assert await run_sync(_drop_prepared_of_async_writer, sync) >= 3
