@@ -428,7 +428,10 @@ class SqlStore(ReceiptReads):
                 # prepared again too.  Before the BEGIN sent with the lock.
                 if begin is not None:
                     dbapi.autocommit = True
-                dbapi.execute("DEALLOCATE ALL")
+                # A text of its own each time: psycopg forgets its own statements on a
+                # DEALLOCATE ALL only when it sees that text for the first time while it holds
+                # some (a text it has seen before is not looked at again).
+                dbapi.execute(f"DEALLOCATE ALL /* use {uses} */")
                 forget_prepared(conn.connection.driver_connection)
         return dbapi
 

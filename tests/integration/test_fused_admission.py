@@ -396,3 +396,29 @@ def test_the_async_store_prepares_its_statements_again_after_a_session_lost_them
         await store.dispose()
 
     asyncio.run(main())
+
+
+def test_plans_made_again_twice_while_psycopg_prepares_only_between_keep_admitting(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first DEALLOCATE ALL comes while psycopg holds no statement of its own (single
+    # admissions go through _wire), the second after batches made it prepare some: psycopg
+    # must forget those too, or its next batch names a statement the session no longer has.
+    monkeypatch.setattr(admission.sql._connections, "REPLAN_AFTER", (3, 14))
+    store = SqlStore.open(pg_url)
+    try:
+        service = AdmissionService(store)
+        service.start_run("ns", "wf-twice")
+        for i in range(2, 4):
+            assert (
+                service.admit_signal("ns", "wf-twice", "go", {}, request_id=f"s{i}").decision
+                is Decision.FRESH
+            )
+        for i in range(4, 17):  # the fourteenth use is a batch's, after psycopg prepared its statements
+            batch = [
+                BatchCommand("signal", "ns", "wf-twice", "go", {}, request_id=f"b{i}-{j}") for j in range(2)
+            ]
+            assert [a.decision for a in service.admit_many(batch)] == [Decision.FRESH] * 2
+        assert _counts(store)["workflow_commands"] == 2 + 13 * 2
+    finally:
+        store.dispose()
