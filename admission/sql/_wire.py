@@ -172,7 +172,7 @@ def read_tuples(driver: Any, statement: RawStatement, params: Mapping[str, Any])
     unset, :mod:`~admission.sql._pooler`), which the error names.  The session's
     statements are then prepared again by the next read.
     """
-    (rows,) = _restarted(driver, [(statement, params)], False)
+    (rows,) = _exchange(driver, [(statement, params)])
     return rows
 
 
@@ -212,40 +212,26 @@ def _restarted(driver: Any, steps: Sequence[Step], restartable: bool) -> list[li
 
 
 def _exchange(driver: Any, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
-    from psycopg import errors
-
     sending = _Sending(driver, steps)
-    pgconn = driver.pgconn
-    pgconn.enter_pipeline_mode()
     try:
         groups = driver.wait(sending.communicate())
     except BaseException:
-        try:
-            pgconn.exit_pipeline_mode()
-        except errors.Error:
-            # Results still pending (a broken connection, an interrupt): closed, so that the
-            # pool never lends a connection left in pipeline mode.
+        if not sending.leave():
             driver.close()
         raise
-    pgconn.exit_pipeline_mode()
+    sending.leave()
     return sending.received(groups)
 
 
 async def _exchange_async(driver: Any, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
-    from psycopg import errors
-
     sending = _Sending(driver, steps)
-    pgconn = driver.pgconn
-    pgconn.enter_pipeline_mode()
     try:
         groups = await driver.wait(sending.communicate())
     except BaseException:
-        try:
-            pgconn.exit_pipeline_mode()
-        except errors.Error:
-            await driver.close()  # as in _exchange
+        if not sending.leave():
+            await driver.close()
         raise
-    pgconn.exit_pipeline_mode()
+    sending.leave()
     return sending.received(groups)
 
 
@@ -290,16 +276,33 @@ class _Sending:
 
     def communicate(self) -> Any:
         """psycopg's generator that sends the commands (reading results meanwhile, so neither
-        side waits on a full buffer), then its reads up to the sync's result: one wait for all."""
+        side waits on a full buffer), then its reads up to the sync's result: one wait for all.
+        The connection is put in pipeline mode first; :meth:`leave` takes it out."""
         from psycopg import generators, pq
 
         pgconn = self._driver.pgconn
+        pgconn.enter_pipeline_mode()
         # pipeline_communicate returns once everything is sent, with the results read so far.
         groups = yield from generators.pipeline_communicate(pgconn, self.commands)
         while not groups or groups[-1][0].status != pq.ExecStatus.PIPELINE_SYNC:
             if group := (yield from generators.fetch_many(pgconn)):
                 groups.append(group)
         return groups
+
+    def leave(self) -> bool:
+        """Out of pipeline mode; ``False`` if results are still pending (a broken connection, an
+        interrupt): the caller then closes the connection, so that the pool never lends one left
+        in pipeline mode."""
+        from psycopg import errors, pq
+
+        pgconn = self._driver.pgconn
+        if pgconn.pipeline_status == pq.PipelineStatus.OFF:
+            return True
+        try:
+            pgconn.exit_pipeline_mode()
+        except errors.Error:
+            return False
+        return True
 
     def received(self, groups: Sequence[Sequence[Any]]) -> list[list[tuple[Any, ...]]]:
         """Each step's rows from the results read; the first error raised as psycopg raises it."""
