@@ -54,8 +54,6 @@ __all__ = [
 _PLACEHOLDER: Final = re.compile(r"%(?:\(([^)]+)\)([sb])|%)")
 """A named placeholder in pyformat (``%(name)s``, or ``%(name)b`` for binary), or an escaped ``%%``."""
 
-_NO_SUCH_STATEMENT: Final = "26000"  # invalid_sql_statement_name: a name the session no longer holds
-
 Key = tuple[bytes, tuple[int, ...]]
 """A prepared statement's SQL and parameter types."""
 
@@ -323,7 +321,7 @@ class _Sending:
                 rows.append([] if what is None else what.tuples(self._transformer, result))
         if failed is not None:
             error = errors.error_from_result(failed, encoding=self._driver.info.encoding)
-            if error.sqlstate == _NO_SUCH_STATEMENT:
+            if isinstance(error, errors.InvalidSqlStatementName):
                 names.clear()  # the session lost its prepared statements (DISCARD, DEALLOCATE)
             raise error
         if len(rows) != len(self._steps):
