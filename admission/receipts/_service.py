@@ -19,7 +19,7 @@ import secrets
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, cast
 
 from admission import _bounds as bounds
 from admission.errors import AdmissionError, InvalidValueError
@@ -57,7 +57,7 @@ from admission.receipts._rules import (
     select_receipt,
 )
 from admission.receipts._sealed import intent_and_stored
-from admission.receipts._store import CommandRow, LockedInstance, Store
+from admission.receipts._store import CommandRow, KeyedLocking, LockedInstance, Store, UpdateRow
 
 __all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "time_ordered_id", "utc_now", "uuid_at"]
 
@@ -146,8 +146,19 @@ def _judge_committed(
     lock would give; with none, the caller takes the lock and decides.
     """
     found = store.read_receipts(namespace, workflow_id, intent.command_type, [token, key])
-    if not found:
-        return None
+    return _judge_found(namespace, workflow_id, found, intent, key, token) if found else None
+
+
+def _judge_found(
+    namespace: str,
+    workflow_id: str,
+    found: list[tuple[CommandRow, UpdateRow | None]],
+    intent: Intent,
+    key: str,
+    token: str,
+) -> Admission | None:
+    """The answer of a key's committed receipts (``found``, not empty), or ``None`` when only the
+    lock can decide (see :func:`_judge_committed`)."""
     if (plain := plainly_retained(namespace, workflow_id, found, key, token, intent.digest)) is not None:
         return plain  # the common case, without building the judgement below
     rows = [row for row, _ in found]
@@ -314,11 +325,21 @@ class AdmissionService(KeyRelease, BatchAdmission):
     ) -> Admission:
         item = self._prepare(command_type, namespace, workflow_id, name, arguments, request_id, run_id)
         key, token, intent = item.key, item.token, item.intent
+        now = self._clock()
         if key is not None and token is not None and connection is None:
-            known = _judge_committed(self.store, namespace, workflow_id, intent, key, token)
+            if getattr(self.store, "keyed_locks", False):
+                # The key's receipts read in the lock's round trip (KeyedLocking).
+                keyed = cast(KeyedLocking, self.store)
+                with keyed.locked_unless_retained(
+                    namespace, workflow_id, command_type, [token, key], created_at=now, new_id=self._new_id()
+                ) as held:
+                    if not isinstance(held, list):
+                        return self._place(held, item, now, read_before=False, last=True)
+                known = _judge_found(namespace, workflow_id, held, intent, key, token)
+            else:
+                known = _judge_committed(self.store, namespace, workflow_id, intent, key, token)
             if known is not None:
                 return known
-        now = self._clock()
         with self.store.locked(
             namespace, workflow_id, created_at=now, new_id=self._new_id(), connection=connection
         ) as tx:

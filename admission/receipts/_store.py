@@ -23,6 +23,7 @@ __all__ = [
     "EventCursor",
     "EventRow",
     "InstanceRow",
+    "KeyedLocking",
     "LockedInstance",
     "PruneCounts",
     "PruneTarget",
@@ -348,6 +349,32 @@ class Store(Protocol):
 
     def newest_time(self) -> datetime | None:
         """The newest time recorded anywhere in the store's receipts and history, if any."""
+        ...
+
+
+class KeyedLocking(Protocol):
+    """An optional part of a :class:`Store`: a keyed command's receipts read in the round trip
+    that takes the lock, where :attr:`keyed_locks` is true (PostgreSQL, ``admission/sql/_keyed.py``).
+
+    Without it the service reads a key's committed receipts first (:meth:`Store.read_receipts`)
+    and takes the lock only when none answers.
+    """
+
+    keyed_locks: bool
+
+    def locked_unless_retained(
+        self,
+        namespace: str,
+        workflow_id: str,
+        command_type: str,
+        request_ids: Sequence[str],
+        *,
+        created_at: datetime,
+        new_id: str,
+    ) -> AbstractContextManager[LockedInstance | list[tuple[CommandRow, UpdateRow | None]]]:
+        """The store's own transaction with the instance's lock, taken only while no receipt holds
+        the key: yields the key's committed receipts, oldest first, if it has some (no lock is
+        then held and nothing may be written), else the locked instance, created if missing."""
         ...
 
 

@@ -22,11 +22,11 @@ the rest readers: :func:`kept_shares`), so that at least one connection
 always goes round the pool.  When every kept one is lent, the work takes a
 pooled connection, waiting for one if the budget is spent.  No store code
 holds a connection while it waits for another (a locked transaction runs on
-its one connection; a retry's read is made before the lock), so a wait
-always ends: the kept ones are given back when their work ends, and the one
-left to the pool always comes back.  A caller's own transaction that reads
-through the store while it is open holds two; the pool's timeout then ends
-the wait as a :class:`~admission.errors.StorageError`.
+its one connection; a retry's read is made before the lock, or in its round
+trip), so a wait always ends: the kept ones are given back when their work
+ends, and the one left to the pool always comes back.  A caller's own
+transaction that reads through the store while it is open holds two; the
+pool's timeout then ends the wait as a :class:`~admission.errors.StorageError`.
 
 Health: a kept connection is checked when it is taken, without a round
 trip (:func:`~admission.sql._health.connection_alive`: the socket of one the

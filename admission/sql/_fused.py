@@ -7,7 +7,9 @@ round trip each; here they go in two exchanges of libpq's pipeline mode (sent
 through :mod:`~admission.sql._wire`, or psycopg's pipeline object behind a
 transaction pooler, where nothing may be prepared by name):
 
-1. ``BEGIN``, the lock and the lookup (:func:`lock_rows`).  The server runs
+1. ``BEGIN``, the lock and the lookup (:func:`lock_rows`); for a keyed
+   command, the lock taken only while no receipt holds the key, and the key's
+   receipts after the lookup (:mod:`~admission.sql._keyed`).  The server runs
    them in order, so the lookup, a new statement under READ COMMITTED, starts
    only once the lock is granted and sees every commit made before.
 2. One statement that inserts the command, its update and its event
@@ -301,60 +303,54 @@ def own_transaction(connection: Connection) -> Iterator[str]:
 
 
 async def _lock_async(
-    driver: Any, begin: str | None, statements: tuple[RawStatement, RawStatement], params: Mapping[str, Any]
-) -> list[dict[str, Any]]:
-    lock, lookup = statements
+    driver: Any, begin: str | None, statements: Sequence[RawStatement], params: Mapping[str, Any]
+) -> list[list[dict[str, Any]]]:
     if begin is not None and not driver.autocommit:
         await driver.set_autocommit(True)
     if begin is not None and wire_ready(driver):
-        steps: list[Step] = [begin.encode(), (lock, params), (lookup, params)]
-        _, locked, found = await exchange_async(driver, steps, restartable=True)
-        return found if locked else []
-    lock_cursor = driver.cursor()
-    lookup_cursor = driver.cursor()
+        steps: list[Step] = [begin.encode(), *((statement, params) for statement in statements)]
+        return (await exchange_async(driver, steps, restartable=True))[1:]
+    cursors = [driver.cursor() for _ in statements]
     async with driver.pipeline():
         if begin is not None:
             await driver.cursor().execute(begin, prepare=False)
-        await lock_cursor.execute(lock.sql, lock.parameters(params))
-        await lookup_cursor.execute(lookup.sql, lookup.parameters(params))
-    if not await lock_cursor.fetchall():
-        return []
-    return lookup.as_rows(lookup_cursor.description, await lookup_cursor.fetchall())
+        for statement, cursor in zip(statements, cursors, strict=True):
+            await cursor.execute(statement.sql, statement.parameters(params))
+    return [
+        statement.as_rows(cursor.description, await cursor.fetchall())
+        for statement, cursor in zip(statements, cursors, strict=True)
+    ]
 
 
 def lock_rows(
     dbapi: Any,
     cursor: Any,
-    statements: tuple[RawStatement, RawStatement],
+    statements: Sequence[RawStatement],
     params: Mapping[str, Any],
     *,
     begin: str | None,
     is_async: bool,
-) -> list[dict[str, Any]]:
-    """``begin`` (when given: the driver connection is put in autocommit first), the lock and the
-    instance lookup (``statements``) in one round trip; the lookup's rows, none if the instance
-    does not exist yet (the lock found no row)."""
+) -> list[list[dict[str, Any]]]:
+    """``begin`` (when given: the driver connection is put in autocommit first), the lock and what
+    follows it (``statements``: the instance lookup, and the key's receipts for
+    :meth:`~admission.sql.SqlStore.locked_unless_retained`) in one round trip; each statement's
+    rows, in order.  The lock returns no row when the instance does not exist yet."""
     if is_async:
         # The connection is this transaction's alone: its statements are
         # awaited here as the adapter would await them.
         return wait(_lock_async(dbapi.driver_connection, begin, statements, params))
-    lock, lookup = statements
     if begin is not None and not dbapi.autocommit:
         dbapi.autocommit = True
     if begin is not None and wire_ready(dbapi):
-        _, locked, found = exchange(
-            dbapi, [begin.encode(), (lock, params), (lookup, params)], restartable=True
-        )
-        return found if locked else []
-    lookup_cursor = dbapi.cursor()
+        steps: list[Step] = [begin.encode(), *((statement, params) for statement in statements)]
+        return exchange(dbapi, steps, restartable=True)[1:]
+    cursors = [cursor, *(dbapi.cursor() for _ in statements[1:])]
     with dbapi.pipeline():
         if begin is not None:
             dbapi.cursor().execute(begin, prepare=False)
-        cursor.execute(lock.sql, lock.parameters(params))
-        lookup_cursor.execute(lookup.sql, lookup.parameters(params))
-    if not cursor.fetchall():
-        return []
-    return lookup.fetched(lookup_cursor)
+        for statement, each in zip(statements, cursors, strict=True):
+            each.execute(statement.sql, statement.parameters(params))
+    return [statement.fetched(each) for statement, each in zip(statements, cursors, strict=True)]
 
 
 def _numbered(*names: str) -> Any:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     and_,
     bindparam,
+    exists,
     func,
     insert,
     literal,
@@ -201,6 +202,22 @@ LOCK_POSTGRES = (
     )
     .with_for_update()
 )
+
+
+def _no_receipt(value: str) -> Any:
+    """No command of the locked instance holds the key as ``value`` (the token, or the raw key)."""
+    return ~exists().where(
+        workflow_commands.c.instance_id == workflow_instances.c.id,
+        workflow_commands.c.command_type == _b("command_type"),
+        workflow_commands.c.request_id == _b(value),
+    )
+
+
+LOCK_UNLESS_RETAINED = LOCK_POSTGRES.where(_no_receipt("token"), _no_receipt("raw"))
+"""PostgreSQL: :data:`LOCK_POSTGRES` taken only while no receipt holds the key (a retry's
+transaction then takes no lock and writes nothing; see
+:meth:`~admission.sql.SqlStore.locked_unless_retained`).  Each test is one probe of the
+receipt index, as in :func:`_by_key`."""
 RUN = select(workflow_runs).where(
     workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
 )
@@ -486,6 +503,7 @@ class ReceiptStatements:
         self.instance_lookup = RawStatement(INSTANCE_LOOKUP, dialect)
         postgres = name == "postgresql"
         self.lock_postgres = RawStatement(LOCK_POSTGRES, dialect) if postgres else None
+        self.lock_unless_retained = RawStatement(LOCK_UNLESS_RETAINED, dialect) if postgres else None
         self.batch_reads = BatchReads(dialect)
         self.commands_by_key = RawStatement(COMMANDS_BY_KEY, dialect)
         self.receipts = RawStatement(RECEIPTS, dialect)

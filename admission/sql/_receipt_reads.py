@@ -1,5 +1,5 @@
-"""The receipt store's reads that take no lock and serve no retry: an instance's history, the
-retention targets, the newest time and the event log (a part of :class:`~admission.sql.SqlStore`)."""
+"""The receipt store's reads that take no lock and serve no retry: an instance, its history,
+the retention targets, the newest time and the event log (a part of :class:`~admission.sql.SqlStore`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from admission.receipts._store import EventCursor, EventRow, PruneTarget
+from admission.receipts._store import EventCursor, EventRow, InstanceRow, PruneTarget
 from admission.sql._event_log import read_after
-from admission.sql._receipt_queries import event_row
+from admission.sql._receipt_queries import event_row, instance_row
 from admission.sql._retention import expired_ends, newest_time
 from admission.sql._schema import workflow_commands, workflow_history_events, workflow_instances
 
@@ -26,6 +26,21 @@ class ReceiptReads:
         postgres: bool
 
         def _read(self) -> AbstractContextManager[Connection]: ...
+
+    def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
+        """Read an instance without locking it."""
+        with self._read() as conn:
+            row = (
+                conn.execute(
+                    select(workflow_instances).where(
+                        workflow_instances.c.namespace == namespace,
+                        workflow_instances.c.workflow_id == workflow_id,
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else instance_row(row)
 
     def read_history(self, instance_id: str) -> list[EventRow]:
         """Every event of one instance, in log order."""

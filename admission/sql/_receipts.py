@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import Engine, delete, update
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import (
@@ -44,6 +44,7 @@ from admission.sql._engine import (
     wrap_exceptions,
 )
 from admission.sql._fused import FusedStatements, ManyLocks, lock_rows, own_transaction
+from admission.sql._keyed import KeyedLocks
 from admission.sql._pooler import pooler_of
 from admission.sql._receipt_queries import (
     COMMAND,
@@ -101,6 +102,7 @@ class _SqlLocked:
         *,
         is_async: bool,
         commits: bool,
+        found: tuple[tuple[str, Sequence[str]], list[CommandRow]] | None = None,
     ) -> None:
         self._conn = conn
         # The DBAPI cursor of the same connection, inside the same transaction,
@@ -114,6 +116,8 @@ class _SqlLocked:
         self._current = current_run_row(locked)
         self._last_sequence: int = locked["last_sequence"] or 0
         self._postgres = self._fused is not None
+        # A key's commands read in the lock's round trip, after the lock: its first lookup's answer.
+        self._found = found
 
     @property
     def instance(self) -> InstanceRow:
@@ -129,6 +133,10 @@ class _SqlLocked:
         return self._current
 
     def find_commands(self, command_type: str, request_ids: Sequence[str]) -> list[CommandRow]:
+        if self._found is not None:
+            (wanted, found), self._found = self._found, None  # once: a write may follow
+            if wanted == (command_type, request_ids):
+                return found
         group = (self._instance.id, command_type)
         if len(request_ids) > 2:
             return self.find_commands_many({group: request_ids})[group]
@@ -276,7 +284,7 @@ class _SqlLocked:
         return EventRow(**{**fields_of(event_row), "position": row["position"], "tx_id": row["tx_id"]})
 
 
-class SqlStore(ReceiptReads):
+class SqlStore(ReceiptReads, KeyedLocks):
     """The :class:`~admission.receipts.Store` on SQLite or PostgreSQL.
 
     Opening checks the schema revision and refuses anything but the head
@@ -321,6 +329,9 @@ class SqlStore(ReceiptReads):
         # A sync PostgreSQL store reads a retry's receipts through libpq's pipeline directly
         # (admission/sql/_wire.py), on connections in autocommit where statements are prepared.
         self._wired_reads = self.postgres and not self._async
+        # A keyed command's receipts read in the lock's round trip (admission/sql/_keyed.py); with a
+        # replica a retry's read goes there first instead.
+        self.keyed_locks = self._pipeline and self.replica is None
         if check:
             with self._read() as conn:
                 check_revision(conn)
@@ -401,21 +412,30 @@ class SqlStore(ReceiptReads):
         dbapi = self._driver(conn, begin)
         cursor = dbapi.cursor()
         rows = self._lock_rows(dbapi, cursor, params, begin)
+        return self._locked(conn, (dbapi, cursor), rows, params, (created_at, new_id), begin is not None)
+
+    def _locked(
+        self,
+        conn: Connection,
+        driver: tuple[Any, Any],
+        rows: list[dict[str, Any]],
+        params: Mapping[str, Any],
+        new: tuple[datetime, str],
+        commits: bool,
+        found: tuple[tuple[str, Sequence[str]], list[CommandRow]] | None = None,
+    ) -> _SqlLocked:
+        """The locked instance of the lock's ``rows``; with none, the instance created and locked."""
+        dbapi, cursor = driver
         if not rows:
-            values = {
-                "id": new_id,
-                "namespace": namespace,
-                "workflow_id": workflow_id,
-                "current_run_id": None,
-                "created_at": created_at,
-            }
+            values = {"id": new[1], "current_run_id": None, "created_at": new[0]}
+            values.update(namespace=params["namespace"], workflow_id=params["workflow_id"])
             # Two first-time callers both get here; the loser of the insert
             # waits on the winner's uncommitted row and then locks it below.
             insert_or_ignore(conn, workflow_instances, values, ["namespace", "workflow_id"])
             rows = self._lock_rows(dbapi, cursor, params, None)
         (row,) = rows
         statements = (self._raw, self._fused)
-        return _SqlLocked(conn, cursor, row, statements, is_async=self._async, commits=begin is not None)
+        return _SqlLocked(conn, cursor, row, statements, is_async=self._async, commits=commits, found=found)
 
     def _driver(self, conn: Connection, begin: str | None) -> Any:
         """``conn``'s driver connection, its statements planned anew when due (REPLAN_AFTER)."""
@@ -475,7 +495,8 @@ class SqlStore(ReceiptReads):
         # sent in one round trip, with the BEGIN if there is one (admission/sql/_fused.py).
         if not self._pipeline:
             return lookup.rows(cursor, params) if lock.rows(cursor, params) else []
-        return lock_rows(dbapi, cursor, (lock, lookup), params, begin=begin, is_async=self._async)
+        locked, found = lock_rows(dbapi, cursor, (lock, lookup), params, begin=begin, is_async=self._async)
+        return found if locked else []
 
     @contextmanager
     def _held(
@@ -534,21 +555,6 @@ class SqlStore(ReceiptReads):
         # BEGIN IMMEDIATE already holds the write lock, and the rest only read).
         ordered = sorted(dict(zip(keys, new_ids, strict=True)).items())
         return self._held(joined, lambda conn, begin: self._lock_many(conn, ordered, created_at, begin))
-
-    def find_instance(self, namespace: str, workflow_id: str) -> InstanceRow | None:
-        """Read an instance without locking it."""
-        with self._read() as conn:
-            row = (
-                conn.execute(
-                    select(workflow_instances).where(
-                        workflow_instances.c.namespace == namespace,
-                        workflow_instances.c.workflow_id == workflow_id,
-                    )
-                )
-                .mappings()
-                .first()
-            )
-        return None if row is None else instance_row(row)
 
     def read_receipts(
         self, namespace: str, workflow_id: str, command_type: str, request_ids: Sequence[str]
