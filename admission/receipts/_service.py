@@ -63,6 +63,12 @@ __all__ = ["DEFAULT_RETENTION_DAYS", "AdmissionService", "time_ordered_id", "utc
 
 DEFAULT_RETENTION_DAYS: Final = 30
 """Receipts live as long as their run's history: 30 days after closure by default (contract §5)."""
+RETRY_SHARE: Final = 0.25
+"""Below this share of retries among recent keyed admissions, a store that can read a key's
+receipts in the lock's round trip (:class:`~admission.receipts.KeyedLocking`) is asked to; above
+it, the receipts are read first, without a transaction.  The first way saves a fresh key a round
+trip and a second connection and costs a retry one more round trip (its transaction's ``COMMIT``),
+so it pays while retries are about a quarter of the keyed admissions or fewer (docs/performance.md)."""
 MAX_IDENTIFIER_LENGTH: Final = bounds.NAME
 MAX_FAILURE_LENGTH: Final = bounds.TEXT
 
@@ -189,6 +195,13 @@ class AdmissionService(KeyRelease, BatchAdmission):
         self._clock = utc_clock(clock)
         self._new_id = _checked_ids(new_id)
         self._max_size = max_size
+        self._retry_share = 0.0
+
+    def _note_keyed(self, *, retry: bool) -> None:
+        """Count a keyed admission made outside a caller's transaction, and whether its key had a
+        receipt: the share of retries among about the last ten picks the path (:data:`RETRY_SHARE`).
+        Updated without a lock: a lost update among threads only delays a change of path."""
+        self._retry_share = self._retry_share * 0.9 + (0.1 if retry else 0.0)
 
     def _locked(
         self, namespace: str, workflow_id: str, now: datetime, connection: object | None
@@ -327,17 +340,20 @@ class AdmissionService(KeyRelease, BatchAdmission):
         key, token, intent = item.key, item.token, item.intent
         now = self._clock()
         if key is not None and token is not None and connection is None:
-            if getattr(self.store, "keyed_locks", False):
+            if self._retry_share < RETRY_SHARE and getattr(self.store, "keyed_locks", False):
                 # The key's receipts read in the lock's round trip (KeyedLocking).
                 keyed = cast(KeyedLocking, self.store)
                 with keyed.locked_unless_retained(
                     namespace, workflow_id, command_type, [token, key], created_at=now, new_id=self._new_id()
                 ) as held:
                     if not isinstance(held, list):
+                        self._note_keyed(retry=False)
                         return self._place(held, item, now, read_before=False, last=True)
+                self._note_keyed(retry=True)
                 known = _judge_found(namespace, workflow_id, held, intent, key, token)
             else:
                 known = _judge_committed(self.store, namespace, workflow_id, intent, key, token)
+                self._note_keyed(retry=known is not None)
             if known is not None:
                 return known
         with self.store.locked(

@@ -356,8 +356,8 @@ class KeyedLocking(Protocol):
     """An optional part of a :class:`Store`: a keyed command's receipts read in the round trip
     that takes the lock, where :attr:`keyed_locks` is true (PostgreSQL, ``admission/sql/_keyed.py``).
 
-    Without it the service reads a key's committed receipts first (:meth:`Store.read_receipts`)
-    and takes the lock only when none answers.
+    Without it, or while retries are frequent, the service reads a key's committed receipts first
+    (:meth:`Store.read_receipts`) and takes the lock only when none answers.
     """
 
     keyed_locks: bool

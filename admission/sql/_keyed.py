@@ -10,9 +10,9 @@ lookup, then the key's receipts.  Each is a statement of its own, so under READ
 COMMITTED the receipts are read as of after the lock, when it was taken.  A
 fresh key then costs two exchanges on one connection; a retry takes no lock and
 writes nothing, and its transaction ends with a ``COMMIT`` (a second round
-trip, where a read of its own took one).  On eight processes of a 2-core
-machine the first gives about a third more admissions a second
-(docs/performance.md).
+trip, where a read of its own took one).  So the service asks for it only
+while retries are rare (:data:`~admission.receipts._service.RETRY_SHARE`);
+docs/performance.md has what each way costs.
 """
 
 from __future__ import annotations

@@ -11,11 +11,12 @@ after it no longer finds still takes the lock and decides.
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
 
 from admission.aio import AsyncAdmissionService, open_store
 from admission.receipts import AdmissionService, Decision
@@ -140,3 +141,29 @@ def test_a_receipt_gone_between_the_locks_test_and_the_read_after_it_takes_the_l
     assert again.retained and again.command_id == first.command_id
     with pg_store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(workflow_commands)).scalar_one() == 1
+
+
+def test_the_path_follows_the_share_of_retries(pg_store: SqlStore, tmp_path: Any) -> None:
+    # While retries are rare a keyed admission reads its key in the lock's round trip (a fresh
+    # key: two round trips on one connection); after a run of retries the key is read first,
+    # without a transaction (a retry: one round trip), and fresh keys bring the first way back.
+    service = AdmissionService(pg_store)
+    path = tmp_path / "libpq.trace"
+    with path.open("w") as trace:
+
+        @event.listens_for(pg_store.engine, "checkout")
+        def traced(dbapi: Any, record: Any, proxy: Any) -> None:
+            dbapi.pgconn.trace(trace.fileno())
+
+        service.start_run("ns", "wf")
+
+        def round_trips(key: str) -> int:
+            start = path.stat().st_size
+            service.admit_signal("ns", "wf", "go", [1], request_id=key)
+            return len(re.findall(r"\tF\t\d+\t(?:Sync|Query)\b", path.read_text()[start:]))
+
+        assert [round_trips(k) for k in ("a", "a")] == [2, 2]
+        retries = [round_trips("a") for _ in range(20)]
+        assert retries[0] == 2 and retries[-1] == 1
+        fresh = [round_trips(f"new-{n}") for n in range(20)]
+        assert fresh[0] == 3 and fresh[-1] == 2
