@@ -175,6 +175,14 @@ def _judge_found(
     return answer_judgement(namespace, workflow_id, judgement, rows, updates.get, key, intent.command_type)
 
 
+def _share_after(share: float, *, retry: bool) -> float:
+    """The share of retries among about the last ten keyed admissions made outside a caller's
+    transaction, after one more (``retry``: its key had a receipt); it picks the path
+    (:data:`RETRY_SHARE`).  A service updates it without a lock: a lost update among threads only
+    delays a change of path."""
+    return share * 0.9 + (0.1 if retry else 0.0)
+
+
 class AdmissionService(KeyRelease, BatchAdmission):
     """Admits signals and updates with command keys, on any :class:`Store`.
 
@@ -195,13 +203,7 @@ class AdmissionService(KeyRelease, BatchAdmission):
         self._clock = utc_clock(clock)
         self._new_id = _checked_ids(new_id)
         self._max_size = max_size
-        self._retry_share = 0.0
-
-    def _note_keyed(self, *, retry: bool) -> None:
-        """Count a keyed admission made outside a caller's transaction, and whether its key had a
-        receipt: the share of retries among about the last ten picks the path (:data:`RETRY_SHARE`).
-        Updated without a lock: a lost update among threads only delays a change of path."""
-        self._retry_share = self._retry_share * 0.9 + (0.1 if retry else 0.0)
+        self._retry_share = 0.0  # see _share_after
 
     def _locked(
         self, namespace: str, workflow_id: str, now: datetime, connection: object | None
@@ -347,13 +349,13 @@ class AdmissionService(KeyRelease, BatchAdmission):
                     namespace, workflow_id, command_type, [token, key], created_at=now, new_id=self._new_id()
                 ) as held:
                     if not isinstance(held, list):
-                        self._note_keyed(retry=False)
+                        self._retry_share = _share_after(self._retry_share, retry=False)
                         return self._place(held, item, now, read_before=False, last=True)
-                self._note_keyed(retry=True)
+                self._retry_share = _share_after(self._retry_share, retry=True)
                 known = _judge_found(namespace, workflow_id, held, intent, key, token)
             else:
                 known = _judge_committed(self.store, namespace, workflow_id, intent, key, token)
-                self._note_keyed(retry=known is not None)
+                self._retry_share = _share_after(self._retry_share, retry=known is not None)
             if known is not None:
                 return known
         with self.store.locked(

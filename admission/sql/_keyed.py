@@ -59,16 +59,8 @@ class KeyedLocks:
             self, dbapi: Any, cursor: Any, params: Mapping[str, Any], begin: str | None
         ) -> list[dict[str, Any]]: ...
 
-        def _locked(
-            self,
-            conn: Connection,
-            driver: tuple[Any, Any],
-            rows: list[dict[str, Any]],
-            params: Mapping[str, Any],
-            new: tuple[datetime, str],
-            commits: bool,
-            found: tuple[tuple[str, Sequence[str]], list[CommandRow]] | None = None,
-        ) -> LockedInstance: ...
+        # SqlStore._locked: the locked instance of the lock's rows (created first when none).
+        _locked: Callable[..., LockedInstance]
 
     def locked_unless_retained(
         self,
