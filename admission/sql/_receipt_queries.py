@@ -218,6 +218,7 @@ LOCK_UNLESS_RETAINED = LOCK_POSTGRES.where(_no_receipt("token"), _no_receipt("ra
 transaction then takes no lock and writes nothing; see
 :meth:`~admission.sql.SqlStore.locked_unless_retained`).  Each test is one probe of the
 receipt index, as in :func:`_by_key`."""
+
 RUN = select(workflow_runs).where(
     workflow_runs.c.id == _b("run_id"), workflow_runs.c.instance_id == _b("iid")
 )
