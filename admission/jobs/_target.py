@@ -23,6 +23,7 @@ that read whenever it arrived before.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -61,6 +62,28 @@ def refused_publication(job_id: str, fence: int, current: int, action: str) -> J
     )
 
 
+_BUSY_SECONDS: Final = 30.0
+"""How long a connection to the target waits for another's lock."""
+
+
+def _write_ahead(conn: sqlite3.Connection) -> None:
+    """Put the target in WAL mode (it stays so).
+
+    Two runners opening a new target at once can both hold its read lock while each wants the
+    write lock to switch the mode: SQLite then refuses one of them at once, without the busy
+    wait (waiting would be a deadlock), and that one asks again once the other is done.
+    """
+    deadline = time.monotonic() + _BUSY_SECONDS
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class LocalPublisher:
     """A local external target: table ``published_results`` in the SQLite file at ``path``.
 
@@ -80,9 +103,13 @@ class LocalPublisher:
             raise StorageError(f"the publication target {self.path} is unusable: {exc}") from exc
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
+        conn = sqlite3.connect(self.path, timeout=_BUSY_SECONDS, isolation_level=None)
+        try:
+            _write_ahead(conn)
+            conn.execute("PRAGMA synchronous=FULL")
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     @staticmethod

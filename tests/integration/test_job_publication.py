@@ -7,8 +7,10 @@ owner's recovery read, so that a job's result is published once.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -176,3 +178,33 @@ def test_a_refused_late_publication_reports_the_state_the_job_is_in_now(
     view = later.status("j1")
     assert (view.state, view.fence) == ("running", lease.fence)
     assert target.read_published("j1") == []
+
+
+def _open_target(path: str, start: Any, answers: Any) -> None:
+    """A runner's start: open the publication target at ``path`` once ``start`` lets every one go."""
+    start.wait()
+    try:
+        LocalPublisher(path)
+        answers.put("opened")
+    except Exception as exc:  # the answer is the test's to judge
+        answers.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_runners_opening_a_new_target_at_once_all_open_it(tmp_path: Path) -> None:
+    # Both hold the new file's read lock and want its write lock to switch it to WAL: SQLite
+    # refuses one at once rather than wait (it would be a deadlock), and that one must ask again.
+    # Forked after the import, so both reach the file together (a third of the rounds refused
+    # one of them before the target asked again).
+    context = multiprocessing.get_context("fork")
+    refused = []
+    for round_ in range(40):
+        path = str(tmp_path / f"target-{round_}.sqlite3")
+        start, answers = context.Barrier(2), context.Queue()
+        openers = [context.Process(target=_open_target, args=(path, start, answers)) for _ in range(2)]
+        for opener in openers:
+            opener.start()
+        for opener in openers:
+            opener.join(60)
+        both = (answers.get(timeout=5), answers.get(timeout=5))
+        refused += [answer for answer in both if answer != "opened"]
+    assert refused == []
