@@ -374,7 +374,8 @@ class KeyedLocking(Protocol):
     ) -> AbstractContextManager[LockedInstance | list[tuple[CommandRow, UpdateRow | None]]]:
         """The store's own transaction with the instance's lock, taken only while no receipt holds
         the key: yields the key's committed receipts, oldest first, if it has some (no lock is
-        then held and nothing may be written), else the locked instance, created if missing."""
+        then held and nothing may be written), else the locked instance, created if missing.
+        Where :attr:`keyed_locks` is false it may always yield the locked instance."""
         ...
 
 

@@ -28,10 +28,9 @@ from admission.receipts._store import CommandRow, LockedInstance, UpdateRow
 from admission.sql._fused import lock_rows
 from admission.sql._receipt_queries import (
     ReceiptStatements,
-    command_row,
     key_values,
-    optional_update_row,
     receipt_order,
+    receipt_pairs,
 )
 
 __all__ = ["KeyedLocks"]
@@ -73,13 +72,15 @@ class KeyedLocks:
         new_id: str,
     ) -> AbstractContextManager[LockedInstance | Found]:
         """The store's own transaction for a keyed command (``request_ids``: its token and raw key),
-        with the lock taken only while no receipt holds the key; only where :attr:`keyed_locks`.
+        with the lock taken only while no receipt holds the key.
 
         Yields the key's receipts when there are some (the transaction then holds no lock and
         writes nothing), else the locked instance (created if missing, as by
         :meth:`~admission.sql.SqlStore.locked`), whose first
         :meth:`~admission.receipts.LockedInstance.find_commands` for the key answers with what
-        was read after the lock, in the same round trip.
+        was read after the lock, in the same round trip.  Where :attr:`keyed_locks` is false
+        (SQLite, whose write transaction is the lock) it is :meth:`~admission.sql.SqlStore.locked`:
+        the locked instance, the key read under the lock when asked.
         """
         names = (namespace, workflow_id, command_type)
         return self._held(
@@ -99,9 +100,11 @@ class KeyedLocks:
         params: dict[str, Any] = {"namespace": namespace, "workflow_id": workflow_id}
         dbapi = self._driver(conn, begin)
         cursor = dbapi.cursor()
-        values = key_values(request_ids, True)
         lock = self._raw.lock_unless_retained
-        if values is None or lock is None:
+        # The token, the first of request_ids, holds no NUL: key_values keeps it on PostgreSQL.
+        values = None if lock is None else key_values(request_ids, True)
+        if lock is None or values is None:
+            # SQLite: the plain lock (BEGIN IMMEDIATE), the key read under it when asked.
             rows = self._lock_rows(dbapi, cursor, params, begin)
             return self._locked(conn, (dbapi, cursor), rows, params, new, begin is not None)
         params.update(command_type=command_type, token=values[0], raw=values[1])
@@ -111,7 +114,7 @@ class KeyedLocks:
         locked, instance, rows = lock_rows(
             dbapi, cursor, statements, params, begin=begin, is_async=self._async
         )
-        found = [(command_row(r), None if signal else optional_update_row(r)) for r in rows]
+        found = receipt_pairs(rows, not signal)
         found = receipt_order(found) if len(found) > 1 else found
         if instance and not locked and found:
             return found

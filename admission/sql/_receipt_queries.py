@@ -65,6 +65,7 @@ __all__ = [
     "key_values",
     "optional_update_row",
     "receipt_order",
+    "receipt_pairs",
     "receipt_reads",
     "run_row",
     "signal_receipt_reads",
@@ -388,6 +389,16 @@ def receipt_order(
     """Receipts by creation time, then sequence, each once (see :func:`_by_key`)."""
     unique = {command.id: (command, update) for command, update in found}
     return sorted(unique.values(), key=lambda pair: (pair[0].created_at, pair[0].command_sequence))
+
+
+def receipt_pairs(
+    rows: Sequence[Mapping[Any, Any]], with_updates: bool
+) -> list[tuple[CommandRow, UpdateRow | None]]:
+    """Rows of commands, with their joined update's ``u_`` columns where ``with_updates``, as
+    (command, update) pairs in the order read (a signal's have no update)."""
+    if not with_updates:
+        return [(command_row(row), None) for row in rows]
+    return [(command_row(row), optional_update_row(row)) for row in rows]
 
 
 def current_run_row(row: Mapping[Any, Any]) -> RunRow | None:

@@ -62,8 +62,8 @@ from admission.sql._receipt_queries import (
     fields_of,
     instance_row,
     key_values,
-    optional_update_row,
     receipt_order,
+    receipt_pairs,
     run_row,
     update_row,
     wanted_keys,
@@ -230,7 +230,7 @@ class _SqlLocked:
         if not run_ids:
             return []
         rows = self._conn.execute(PENDING, {"iid": self._instance.id, "run_ids": list(run_ids)}).mappings()
-        return [(command_row(r), optional_update_row(r)) for r in rows]
+        return receipt_pairs(list(rows), True)
 
     def insert_run(self, row: RunRow) -> None:
         self._conn.execute(INSERT_RUN, fields_of(row))
@@ -591,8 +591,7 @@ class SqlStore(ReceiptReads, KeyedLocks):
                 signals = statement.tuples(cursor, params)
             found = [(command_of_columns(r), None) for r in signals]
         else:
-            rows = self._raw.receipts.rows(cursor, params)
-            found = [(command_row(r), optional_update_row(r)) for r in rows]
+            found = receipt_pairs(self._raw.receipts.rows(cursor, params), True)
         if found and not self.postgres:
             # Never answer a retry from a file a restart will not open (docs/guide.md).
             verify_file(connection)

@@ -4,26 +4,34 @@ The lock is taken only while no receipt holds the key.  A retry must
 therefore answer while another transaction holds the instance's lock (as the
 read before the lock answered it), on the sync and the async service; a
 first-time key still waits for the lock and then sees what the holder
-committed; and the rare case where the lock's test saw a receipt that the read
-after it no longer finds still takes the lock and decides.
+committed; a retry's transaction holds no lock and no transaction id, seen from
+another session while it is open; the rare case where the lock's test saw a
+receipt that the read after it no longer finds has the store itself take the
+lock and decide; and on SQLite the call is the plain lock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select, text
+from sqlalchemy import Connection, event, func, make_url, select, text
+from sqlalchemy.exc import OperationalError
 
+from admission import receipt_token
 from admission.aio import AsyncAdmissionService, open_store
 from admission.receipts import AdmissionService, Decision
+from admission.receipts._service import time_ordered_id, utc_now
 from admission.sql import SqlStore, create_admission_engine
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import signal_receipt_reads
 from admission.sql._schema import workflow_commands
+from tests.support.backends import PostgresPool, database_url
 
 pytestmark = pytest.mark.filterwarnings("error")
 
@@ -126,8 +134,73 @@ def test_a_first_time_key_that_waited_for_the_lock_answers_with_what_the_holder_
         assert conn.execute(select(func.count()).select_from(workflow_commands)).scalar_one() == 1
 
 
+def _keyed(store: SqlStore, key: str) -> Any:
+    """``store.locked_unless_retained`` for a signal's ``key`` on instance ``ns/wf``."""
+    return store.locked_unless_retained(
+        "ns",
+        "wf",
+        "signal",
+        [receipt_token("signal", key), key],
+        created_at=utc_now(),
+        new_id=time_ordered_id(),
+    )
+
+
+def _session_state(url: str) -> tuple[bool, bool]:
+    """From another session: whether the store's session that is idle in a transaction holds a
+    transaction id, and whether the instance's row lock is free."""
+    with _Probe(url) as conn:
+        (xid,) = conn.execute(
+            text(
+                "SELECT backend_xid IS NOT NULL FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'idle in transaction' AND pid <> pg_backend_pid()"
+            )
+        ).one()
+        try:
+            conn.execute(
+                text("SELECT 1 FROM workflow_instances WHERE workflow_id = 'wf' FOR UPDATE NOWAIT")
+            ).one()
+            free = True
+        except OperationalError as exc:
+            assert "could not obtain lock" in str(exc)
+            free = False
+        conn.rollback()
+    return xid, free
+
+
+class _Probe:
+    """A connection of another session, closed with its engine."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = create_admission_engine(url)
+
+    def __enter__(self) -> Connection:
+        self.conn = self.engine.connect()
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        self.conn.close()
+        self.engine.dispose()
+
+
+def test_a_retrys_transaction_takes_no_lock_and_no_transaction_id_and_a_fresh_keys_takes_both(
+    pg_url: str, pg_store: SqlStore
+) -> None:
+    service = AdmissionService(pg_store)
+    service.start_run("ns", "wf")
+    first = service.admit_signal("ns", "wf", "go", [1], request_id="k")
+    with _keyed(pg_store, "k") as found:
+        # The transaction is still open here: the retry's answer was read in it.
+        assert isinstance(found, list) and [c.id for c, _ in found] == [first.command_id]
+        assert _session_state(pg_url) == (False, True)
+    with _keyed(pg_store, "new") as locked:
+        assert not isinstance(locked, list)
+        assert locked.find_commands("signal", [receipt_token("signal", "new"), "new"]) == []
+        assert _session_state(pg_url) == (True, False)
+
+
 def test_a_receipt_gone_between_the_locks_test_and_the_read_after_it_takes_the_lock_and_decides(
-    pg_store: SqlStore, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, pg_store: SqlStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = AdmissionService(pg_store)
     service.start_run("ns", "wf")
@@ -137,10 +210,40 @@ def test_a_receipt_gone_between_the_locks_test_and_the_read_after_it_takes_the_l
         signal_receipt_reads(lambda query: query.where(text("false"))), pg_store.engine.dialect
     )
     monkeypatch.setattr(pg_store._raw, "signal_receipts", nothing)
+    # The store itself takes the lock (not an empty answer that leaves it to the service).
+    with _keyed(pg_store, "k") as locked:
+        assert not isinstance(locked, list)
+        assert _session_state(pg_url) == (True, False)
+        (under_lock,) = locked.find_commands("signal", [receipt_token("signal", "k"), "k"])
+        assert under_lock.id == first.command_id
     again = service.admit_signal("ns", "wf", "go", [1], request_id="k")
     assert again.retained and again.command_id == first.command_id
     with pg_store.engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(workflow_commands)).scalar_one() == 1
+
+
+def test_on_sqlite_it_is_the_plain_lock(tmp_path: Path, postgres_pool: PostgresPool) -> None:
+    url = database_url("sqlite", postgres_pool, tmp_path)
+    store = SqlStore.open(url)
+    try:
+        assert not store.keyed_locks
+        service = AdmissionService(store)
+        service.start_run("ns", "wf")
+        first = service.admit_signal("ns", "wf", "go", [1], request_id="k")
+        with _keyed(store, "k") as locked:
+            # A locked instance even for a retained key, which it finds under the lock.
+            assert not isinstance(locked, list)
+            (found,) = locked.find_commands("signal", [receipt_token("signal", "k"), "k"])
+            assert found.id == first.command_id
+            # The write lock is held: another writer is refused at once.
+            other = sqlite3.connect(str(make_url(url).database), timeout=0)
+            try:
+                with pytest.raises(sqlite3.OperationalError, match="locked"):
+                    other.execute("BEGIN IMMEDIATE")
+            finally:
+                other.close()
+    finally:
+        store.dispose()
 
 
 def test_the_path_follows_the_share_of_retries(pg_store: SqlStore, tmp_path: Any) -> None:
