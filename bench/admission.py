@@ -26,10 +26,14 @@ Each measurement beside its floor measured in the same run:
 3. **PostgreSQL with 1, 4 and 8 processes** doing fresh admissions, each
    process on its own 16 instances, and the same for the floor: total
    admissions/s, admission ÷ floor at the same concurrency, and scaling.
-4. **batch**: ``AdmissionService.admit_many`` with 32 commands per call,
+4. **mixed** (PostgreSQL): streams of keyed admissions of which 0-100% are
+   retries of recent keys, in each way a keyed admission can read its key
+   (in the lock's round trip, first, and as the service chooses); the ratio
+   is to reading first.
+5. **batch**: ``AdmissionService.admit_many`` with 32 commands per call,
    commands/s beside single ``admit_signal`` calls (and the async twin when
    there is one); skipped where the tree has no ``admit_many``.
-5. **growth**: a database loaded with ``--big-receipts`` receipts (default
+6. **growth**: a database loaded with ``--big-receipts`` receipts (default
    1,000,000, 100 per instance, the command payload) beside an empty one,
    fresh and retained on each with the floor on each (the floor's tables
    filled likewise), µs per operation and big ÷ empty; the build's time;
@@ -40,7 +44,7 @@ Each measurement beside its floor measured in the same run:
    the service and loaded through the adapter's own statements and
    converters (``bench/_bigdb.py``), then a sample is read back through the
    service.
-6. **http**: ``bench/http.py`` run as a subprocess with the same options,
+7. **http**: ``bench/http.py`` run as a subprocess with the same options,
    its output included.
 
 Durability is the same for both sides: SQLite in WAL with
@@ -62,7 +66,7 @@ lines judge every goal of the issue by this run's numbers.
 Usage: ``python bench/admission.py [--seconds N] [--rounds N] [--markdown]
 [--backend sqlite|postgresql|all] [--pg-url URL] [--only PARTS] [--skip PARTS]
 [--big-receipts N] [--wal-admissions N]``; parts are main, processes,
-batch, growth and http.  ``--pg-url`` must name a scratch database: admission's
+mixed, batch, growth and http.  ``--pg-url`` must name a scratch database: admission's
 schema is upgraded to the head there and the benchmark writes rows into it
 (and creates ``bench_*`` tables); the growth part needs a server of its own
 (it creates databases), so it runs only without ``--pg-url``.
@@ -72,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import importlib
 import itertools
 import multiprocessing
@@ -108,6 +113,7 @@ from admission.receipts import (  # noqa: E402
     AdmissionService,
     Decision,
 )
+from admission.receipts._service import RETRY_SHARE  # noqa: E402
 from admission.sql import (  # noqa: E402
     SqlStore,
     create_admission_engine,
@@ -1128,6 +1134,94 @@ def bench_batch(
 
 
 # --------------------------------------------------------------------------
+# PostgreSQL: streams with a share of retries, each way a keyed admission reads its key
+# --------------------------------------------------------------------------
+
+MIXED_SHARES = (0.0, 0.1, 0.25, 0.5, 1.0)
+LOCK_WAY, READ_WAY, CHOICE = "read in the lock's round trip", "read first", "the service's choice"
+RING = 16  # the recent keys a retry takes again, round robin
+
+
+class _Stream:
+    """Keyed admissions of which ``share`` are retries of one of this stream's recent keys,
+    spread evenly; each way of reading the key is a subject (a store and a service) of its own."""
+
+    def __init__(self, subject: Subject, way: str, share: float, tag: str) -> None:
+        self.subject, self.way, self.share, self.tag = subject, way, share, tag
+        self.calls = itertools.count()
+        self.fresh = itertools.count()
+        self.recent: collections.deque[tuple[str, str]] = collections.deque(maxlen=RING)
+        for _ in range(RING):
+            self.admit(retry=False)
+
+    def admit(self, retry: bool) -> None:
+        subject = self.subject
+        if retry:
+            workflow, key = self.recent[0]
+            self.recent.rotate(-1)
+        else:
+            n = next(self.fresh)
+            workflow, key = subject.workflows[n % subject.count], f"{self.tag}-{n}"
+        if self.way == LOCK_WAY:
+            # The service's own measure of recent retries kept at none: always the lock's way.
+            subject.service._retry_share = 0.0  # type: ignore[attr-defined]
+        answer = subject.service.admit_signal(NAMESPACE, workflow, SIGNAL, ARGUMENTS, request_id=key)
+        if answer.retained is not retry:
+            raise RuntimeError(f"{self.way}: a {'retry' if retry else 'new key'} answered {answer!r}")
+        if not retry:
+            self.recent.append((workflow, key))
+
+    def __call__(self) -> None:
+        n = next(self.calls)
+        self.admit(retry=int((n + 1) * self.share) > int(n * self.share))
+
+
+def bench_mixed(
+    url: str, tag: str, rounds: int, seconds: float, postmaster: int | None
+) -> tuple[list[Row], list[str]]:
+    """µs per keyed admission on PostgreSQL with 0-100% retries, each way of reading the key.
+
+    Without a replica a keyed admission either reads its key's receipts in the
+    round trip that takes the lock (a fresh key: two round trips on one
+    connection; a retry: two, the second its ``COMMIT``) or reads them first on
+    a connection of their own (a fresh key: three round trips on two; a retry:
+    one).  The service takes the first way while retries are under
+    ``RETRY_SHARE`` of its recent keyed admissions: "the service's choice".
+    """
+    ways = (LOCK_WAY, READ_WAY, CHOICE)
+    subjects = {way: Subject("postgresql", url, f"{tag}-x{n}", retained=False) for n, way in enumerate(ways)}
+    subjects[READ_WAY].store.keyed_locks = False
+    try:
+        if not subjects[LOCK_WAY].store.keyed_locks:
+            return [], ["postgresql mixed: skipped, the store does not read a key in the lock's round trip"]
+        candidates: dict[str, Callable[[], Sample]] = {}
+        for share in MIXED_SHARES:
+            for way in ways:
+                stream = _Stream(subjects[way], way, share, f"{tag}-{way[:4]}-{share}")
+                run_for(stream, min(0.2, seconds))
+                candidates[f"{share} {way}"] = measure(stream, seconds, postmaster)
+        for subject in subjects.values():
+            subject.settle()
+        samples = interleaved(candidates, rounds)
+    finally:
+        for subject in subjects.values():
+            subject.close()
+    rows = []
+    for share in MIXED_SHARES:
+        read_first = samples[f"{share} {READ_WAY}"]
+        for way in ways:
+            floor = None if way == READ_WAY else read_first
+            measurement = f"keyed, {share:.0%} retries"
+            rows.append(Row("postgresql", measurement, way, samples[f"{share} {way}"], floor, "signal"))
+    note = (
+        "keyed, N% retries: a stream of keyed admissions of which N% retry one of its 16 latest keys, "
+        "spread evenly; each row's ratio is to reading the key first (the way a store without "
+        f"KeyedLocking takes); the service's choice switches at RETRY_SHARE = {RETRY_SHARE}"
+    )
+    return rows, [note]
+
+
+# --------------------------------------------------------------------------
 # Over the wire: bench/http.py, run as it is
 # --------------------------------------------------------------------------
 
@@ -1336,7 +1430,7 @@ def verdicts(results: Results) -> list[str]:
     return lines
 
 
-PARTS = ("main", "processes", "batch", "growth", "http")
+PARTS = ("main", "processes", "mixed", "batch", "growth", "http")
 """The parts of a run: fresh/retained beside the floors; PostgreSQL 1/4/8 processes; admit_many;
 the loaded database (build, growth, bytes per receipt, WAL from outside); bench/http.py."""
 
@@ -1448,6 +1542,11 @@ def main(argv: list[str] | None = None) -> int:
                 if backend == "postgresql" and "processes" in parts:
                     results.processes = bench_processes(url, tag, args.rounds, args.seconds, postmaster)
                     progress(started, "postgresql processes done")
+                if backend == "postgresql" and "mixed" in parts:
+                    backend_rows, backend_notes = bench_mixed(url, tag, args.rounds, args.seconds, pm)
+                    results.rows += backend_rows
+                    notes += backend_notes
+                    progress(started, "postgresql mixed retries done")
             if "growth" in parts:
                 pairs: dict[str, tuple[str, str]] = {}
                 for backend in urls:

@@ -7,7 +7,8 @@ benchmarks, never asserted by tests.  The ``test`` extra installs the
 digest benchmark's peers, so every script is checked.  Modules named ``_*`` are
 parts of a script, not scripts.  The admission benchmark also runs once,
 on SQLite with tiny sizes, as a check of its harness (the loaded database is
-read back through the service), not of speed.
+read back through the service), not of speed, and its PostgreSQL-only part of
+streams with retries runs once, briefly, on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -53,3 +54,21 @@ def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) ->
     assert "sqlite loaded database checked: 3 loaded keys retried" in out
     for goal in ("fresh (command", "retained (signal", "fresh at the loaded size", "bytes per receipt"):
         assert f"# goal: sqlite {goal}" in out, out
+
+
+def test_the_admission_benchmarks_mixed_part_runs_every_way(pg_url: str, tmp_path: Path) -> None:
+    # Each stream checks every answer: a retry must come back retained, a new key fresh.
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "postgresql", "--pg-url", pg_url,
+         "--rounds", "1", "--seconds", "0.02", "--only", "mixed"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    rows = [line for line in lines if line.startswith("postgresql") and "keyed, " in line]
+    for share in ("0%", "10%", "25%", "50%", "100%"):
+        for way in ("read in the lock's round trip", "read first", "the service's choice"):
+            assert any(f"keyed, {share} retries" in r and way in r for r in rows), result.stdout
