@@ -19,7 +19,11 @@ five candidates peel the layers off one at a time:
 - **HTTP, httpx keep-alive**: the same through one ``httpx.Client``.
 
 Three more candidates measure the transport alone, a GET of an unknown route
-(404): through the app with no socket, and through both clients.  Candidates
+(404): through the app with no socket, and through both clients; and a
+fourth its floor: a retry's POST answered with a fixed body by a bare
+asyncio HTTP/1.1 responder (no framework, no parsing beyond the headers'
+end and the body's length) in a process of its own, which gives the most a
+retry over HTTP could keep of the in-process rate on this machine.  Candidates
 are interleaved: each round runs all of them for ``--seconds`` each, the
 order reversed every other round; the table gives medians over the rounds,
 the ratio to the in-process service and the microseconds each adds to it.
@@ -43,6 +47,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import socket
@@ -101,7 +106,63 @@ TRANSPORT = (
     ("app", "404 through the app, no socket"),
     ("stdlib", "404 over HTTP, http.client keep-alive"),
     ("httpx", "404 over HTTP, httpx keep-alive"),
+    ("bare", "a retry's POST answered by a bare asyncio responder, http.client keep-alive"),
 )
+BARE_ANSWER = b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+class _BareResponder(asyncio.Protocol):
+    """HTTP/1.1 with nothing done: every request, read to its body's end, gets one fixed answer."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport, self.buffer = transport, b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            head, found, rest = self.buffer.partition(b"\r\n\r\n")
+            if not found:
+                return
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(rest) < length:
+                return
+            self.buffer = rest[length:]
+            self.transport.write(BARE_ANSWER)
+
+
+def _bare_serve(port: int) -> None:
+    async def main() -> None:
+        served = await asyncio.get_running_loop().create_server(_BareResponder, "127.0.0.1", port)
+        await served.serve_forever()
+
+    asyncio.run(main())
+
+
+@contextmanager
+def bare_server() -> Iterator[int]:
+    """:class:`_BareResponder` on loopback in a process of its own (the floor of any Python
+    HTTP server here: the sockets, the event loop and the wake-ups, nothing else); its port."""
+    port = free_port()
+    process = multiprocessing.get_context("spawn").Process(target=_bare_serve, args=(port,), daemon=True)
+    process.start()
+    try:
+        for _ in range(600):
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if not process.is_alive():
+                    raise RuntimeError("the bare responder exited") from None
+                time.sleep(0.05)
+        yield port
+    finally:
+        process.terminate()
+        process.join(30)
 
 
 def free_port() -> int:
@@ -178,7 +239,8 @@ async def run_for_async(fn: Callable[[], Any], seconds: float) -> float:
 class Subject:
     """Every candidate on one database; ``tag`` keeps this run's workflow ids apart."""
 
-    def __init__(self, url: str, port: int, tag: str) -> None:
+    def __init__(self, url: str, port: int, tag: str, bare_port: int) -> None:
+        self.bare = http.client.HTTPConnection("127.0.0.1", bare_port, timeout=30)
         self.store = SqlStore.open(url)
         self.service = AdmissionService(self.store)
         self.loop = asyncio.Runner()
@@ -306,12 +368,25 @@ class Subject:
                 self.stdlib.request("GET", "/api/none")
                 self.stdlib.getresponse().read()
 
+            def bare_post() -> None:
+                workflow, key = self.retained_key()
+                self.bare.request(
+                    "POST",
+                    f"/api/workflows/{workflow}/signal/{SIGNAL}",
+                    body=self._body(key),
+                    headers={"Content-Type": "application/json", "X-Namespace": NAMESPACE},
+                )
+                response = self.bare.getresponse()
+                if response.status != 202 or response.read() != b"{}":
+                    raise RuntimeError("the bare responder answered something else")
+
             return {
                 "app": lambda s: self.loop.run(
                     run_for_async(lambda: self._app_call("GET", "/api/none", b""), s)
                 ),
                 "stdlib": lambda s: self._kept_alive(stdlib_404, s),
                 "httpx": lambda s: run_for(lambda: self.httpx.get("/api/none"), s),
+                "bare": lambda s: run_for(bare_post, s),
             }
         key = self.fresh_key if measurement == "fresh" else self.retained_key
 
@@ -332,6 +407,7 @@ class Subject:
         }
 
     def close(self) -> None:
+        self.bare.close()
         self.httpx.close()
         self.stdlib.close()
         self.loop.run(self.async_service.store.dispose())
@@ -350,8 +426,8 @@ def prepare(url: str) -> None:
 def bench(backend: str, url: str, tag: str, rounds: int, seconds: float) -> list[Row]:
     """Rows (backend, measurement, candidate, median ops/s, ratio, µs added) for one backend."""
     prepare(url)
-    with server(url) as port:
-        subject = Subject(url, port, tag)
+    with server(url) as port, bare_server() as bare_port:
+        subject = Subject(url, port, tag, bare_port)
         try:
             candidates = {
                 (measurement, layer): fn
@@ -379,6 +455,42 @@ def bench(backend: str, url: str, tag: str, rounds: int, seconds: float) -> list
     for layer, label in TRANSPORT:
         rows.append((backend, "transport", label, medians[("transport", layer)], "n/a", ""))
     return rows
+
+
+HTTP_GOALS = {"fresh": 0.5, "retained": 0.25}
+"""Issue #18's goals through ``admission serve`` with a keep-alive client: the in-process rate's share."""
+
+
+def goals(rows: list[Row]) -> list[str]:
+    """Each goal, met or not, by this run's http.client rows."""
+    stdlib = LAYERS[3][1]
+    lines = []
+    for backend, measurement, candidate, _, ratio, _ in rows:
+        goal = HTTP_GOALS.get(measurement)
+        if goal is None or candidate != stdlib:
+            continue
+        met = float(ratio.rstrip("x")) >= goal
+        lines.append(
+            f"{backend} HTTP {measurement} (http.client keep-alive): {ratio} the in-process rate, "
+            f"goal >= {goal}x: {'met' if met else 'NOT met'}"
+        )
+    return lines
+
+
+def retained_bounds(rows: list[Row]) -> list[str]:
+    """Per backend, the most a retry over HTTP could keep of the in-process rate on this machine:
+    the in-process retry's time plus a bare exchange's, which any server adds at the least."""
+    rate = {(b, m, c): ops for b, m, c, ops, _, _ in rows}
+    lines = []
+    for backend in dict.fromkeys(b for b, *_ in rows):
+        local = 1e6 / rate[(backend, "retained", LAYERS[0][1])]
+        bare = 1e6 / rate[(backend, "transport", TRANSPORT[-1][1])]
+        lines.append(
+            f"{backend} retained: an in-process retry takes {local:,.0f} µs and a bare HTTP exchange "
+            f"{bare:,.0f} µs, so over HTTP a retry keeps at most {local / (local + bare):.2f}x of the "
+            f"in-process rate here, with no framework at all"
+        )
+    return lines
 
 
 def print_rows(rows: list[Row], markdown: bool) -> None:
@@ -455,6 +567,10 @@ def main(argv: list[str] | None = None) -> int:
                 if pg is not None:
                     pg.stop()
     print_rows(rows, args.markdown)
+    for line in retained_bounds(rows):
+        print(f"# {line}")
+    for line in goals(rows):
+        print(f"# goal: {line}")
     end_load = os.getloadavg()
     print(
         f"# load average (1 min) at start {load[0]:.2f}, at end {end_load[0]:.2f}; "
