@@ -1008,33 +1008,80 @@ def bench_growth(
     return list(results.values())
 
 
-def wal_outside(url: str, built: _bigdb.Built, tag: str, calls: int) -> tuple[float, float]:
-    """WAL bytes per fresh admission and per floor transaction after a CHECKPOINT, on the loaded database.
+RECEIPT_INDEX = "workflow_commands_request_lookup"
+WalShare = tuple[str, float, float]
+"""A relation (or ``other``), its WAL bytes per call, and the full-page images' part of them."""
+
+# Each WAL record, by the relation of its first block (pg_walinspect, PostgreSQL 15's contrib).
+WAL_BY_RELATION = """
+SELECT coalesce(
+         pg_filenode_relation(0, substring(block_ref from 'rel \\d+/\\d+/(\\d+)')::oid)::regclass::text,
+         'other'
+       ) AS relation,
+       sum(record_length) AS bytes, sum(fpi_length) AS fpi
+FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn)
+GROUP BY 1 ORDER BY 2 DESC
+"""
+
+
+def wal_outside(
+    url: str, built: _bigdb.Built, tag: str, calls: int
+) -> tuple[tuple[float, float], dict[str, list[WalShare]] | str]:
+    """WAL bytes per fresh admission and per floor transaction after a CHECKPOINT, on the loaded database,
+    and each one's bytes by relation (or why they could not be read).
 
     As an outside observer measures it: ``pg_current_wal_lsn()`` before and
     after ``calls`` fresh admissions spread over as many loaded instances
     (the first change of each page after a checkpoint writes its full
-    image), everything the server wrote in between included.
+    image), everything the server wrote in between included.  The breakdown
+    reads the same WAL back with ``pg_walinspect`` (a superuser's extension),
+    each record counted under the relation of its first block.
     """
     import psycopg
 
     spread = random.Random(3).sample(built.instances, min(calls, len(built.instances)))
     subject = Subject("postgresql", url, f"{tag}-w", payload="command", retained=False, loaded=spread)
+    shares: dict[str, list[WalShare]] | str = {}
     try:
         with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
+            try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+            except psycopg.Error as exc:
+                shares = f"no WAL breakdown: {type(exc).__name__}: {str(exc).strip()}"
             result = []
-            for fn in (subject.admit_fresh, subject.floor_fresh):
+            for who, fn in (("admission", subject.admit_fresh), ("floor", subject.floor_fresh)):
                 conn.execute("CHECKPOINT")
                 (start,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
                 for _ in range(calls):
                     fn()
-                (written,) = conn.execute(
-                    "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (start,)
+                (end, written) = conn.execute(
+                    "SELECT pg_current_wal_lsn(), pg_wal_lsn_diff(pg_current_wal_lsn(), %s)", (start,)
                 ).fetchone()  # type: ignore[misc]
                 result.append(float(written) / calls)
+                if isinstance(shares, dict):
+                    # Read now: the next CHECKPOINT may recycle the segments.
+                    found = conn.execute(WAL_BY_RELATION, (start, end)).fetchall()
+                    shares[who] = [
+                        (relation, float(size) / calls, float(fpi) / calls) for relation, size, fpi in found
+                    ]
     finally:
         subject.close()
-    return result[0], result[1]
+    return (result[0], result[1]), shares
+
+
+def print_wal_shares(shares: dict[str, list[WalShare]], markdown: bool) -> None:
+    """The WAL of each side by relation, largest first; relations under 1% of a side's WAL together."""
+    header = ("side", "relation", "WAL B per call", "of it full-page images")
+    lines = []
+    for who, rows in shares.items():
+        total = sum(size for _, size, _ in rows)
+        small = [row for row in rows if row[1] < total / 100]
+        for relation, size, fpi in [row for row in rows if row not in small]:
+            lines.append((who, relation, f"{size:,.0f}", f"{fpi:,.0f}"))
+        if small:
+            lines.append((who, f"{len(small)} others", f"{sum(r[1] for r in small):,.0f}",
+                          f"{sum(r[2] for r in small):,.0f}"))  # fmt: skip
+    table(header, lines, markdown, right=(2, 3))
 
 
 def print_growth(growth: Sequence[Growth], receipts: int, markdown: bool) -> None:
@@ -1371,6 +1418,7 @@ class Results:
     growth: list[Growth] | None = None
     receipt_bytes: dict[str, float] | None = None
     wal: tuple[float, float] | None = None
+    wal_shares: dict[str, list[WalShare]] | str | None = None
 
 
 def verdicts(results: Results) -> list[str]:
@@ -1423,9 +1471,15 @@ def verdicts(results: Results) -> list[str]:
         )
     if results.wal is not None:
         admitted, floor = results.wal
+        index = ""
+        if isinstance(results.wal_shares, dict):
+            # The receipt index is the contract's unique key (contract §2.6, §4): any schema keeps one.
+            key = [size for name, size, _ in results.wal_shares["admission"] if name == RECEIPT_INDEX]
+            index = f", of it the receipt index alone {key[0]:,.0f} B" if key else ""
         lines.append(
             f"postgresql WAL per fresh admission from outside (after a CHECKPOINT, loaded database): "
-            f"{admitted:,.0f} B (floor {floor:,.0f} B), goal <= {WAL_GOAL:,} B: {_met(admitted <= WAL_GOAL)}"
+            f"{admitted:,.0f} B{index} (floor {floor:,.0f} B), goal <= {WAL_GOAL:,} B: "
+            f"{_met(admitted <= WAL_GOAL)}"
         )
     return lines
 
@@ -1574,7 +1628,7 @@ def main(argv: list[str] | None = None) -> int:
                         backend, pair, built[backend], tag, args.rounds, args.seconds, pm
                     )
                 if "postgresql" in pairs:
-                    results.wal = wal_outside(
+                    results.wal, results.wal_shares = wal_outside(
                         pairs["postgresql"][1], built["postgresql"], tag, args.wal_admissions
                     )
                 progress(started, "growth done")
@@ -1607,6 +1661,11 @@ def main(argv: list[str] | None = None) -> int:
             f"database: {results.wal[0]:,.0f} B per fresh admission, {results.wal[1]:,.0f} B per floor "
             "transaction"
         )
+    if isinstance(results.wal_shares, str):
+        print(f"# {results.wal_shares}")
+    elif results.wal_shares is not None:
+        print()
+        print_wal_shares(results.wal_shares, args.markdown)
     if http_output is not None:
         print()
         print("# bench/http.py, run with the same options:")

@@ -72,3 +72,23 @@ def test_the_admission_benchmarks_mixed_part_runs_every_way(pg_url: str, tmp_pat
     for share in ("0%", "10%", "25%", "50%", "100%"):
         for way in ("read in the lock's round trip", "read first", "the service's choice"):
             assert any(f"keyed, {share} retries" in r and way in r for r in rows), result.stdout
+
+
+def test_the_admission_benchmarks_growth_part_reads_the_wal_by_relation_on_postgresql(tmp_path: Path) -> None:
+    # The growth part starts a server of its own (it creates databases): the loaded database is
+    # read back through the service, and the WAL after a CHECKPOINT read again by relation.
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "postgresql", "--rounds", "1",
+         "--seconds", "0.02", "--only", "growth", "--big-receipts", "2000", "--wal-admissions", "20",
+         "--keys", "4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "postgresql loaded database checked: " in out, out
+    shares = [line.split() for line in out.splitlines() if line.startswith(("admission ", "floor "))]
+    assert {"workflow_commands_request_lookup", "workflow_commands"} <= {row[1] for row in shares}, out
+    assert "of it the receipt index alone" in out, out
