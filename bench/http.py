@@ -290,14 +290,17 @@ class Subject:
     def _body(self, key: str) -> bytes:
         return json.dumps({"request_id": key, "input": self.input}).encode()
 
-    def _stdlib_post(self, workflow: str, key: str) -> tuple[int, bytes]:
-        self.stdlib.request(
+    def _stdlib_post(
+        self, workflow: str, key: str, to: http.client.HTTPConnection | None = None
+    ) -> tuple[int, bytes]:
+        connection = self.stdlib if to is None else to
+        connection.request(
             "POST",
             f"/api/workflows/{workflow}/signal/{SIGNAL}",
             body=self._body(key),
             headers={"Content-Type": "application/json", "X-Namespace": NAMESPACE},
         )
-        response = self.stdlib.getresponse()
+        response = connection.getresponse()
         return response.status, response.read()
 
     def _httpx_post(self, workflow: str, key: str) -> tuple[int, bytes]:
@@ -369,15 +372,7 @@ class Subject:
                 self.stdlib.getresponse().read()
 
             def bare_post() -> None:
-                workflow, key = self.retained_key()
-                self.bare.request(
-                    "POST",
-                    f"/api/workflows/{workflow}/signal/{SIGNAL}",
-                    body=self._body(key),
-                    headers={"Content-Type": "application/json", "X-Namespace": NAMESPACE},
-                )
-                response = self.bare.getresponse()
-                if response.status != 202 or response.read() != b"{}":
+                if self._stdlib_post(*self.retained_key(), to=self.bare) != (202, b"{}"):
                     raise RuntimeError("the bare responder answered something else")
 
             return {

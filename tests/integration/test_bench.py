@@ -40,17 +40,32 @@ def test_the_benchmark_starts_as_a_script(name: str, tmp_path: Path) -> None:
     assert "usage:" in result.stdout
 
 
-def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) -> None:
+def _admission_bench(tmp_path: Path, *options: str) -> str:
+    """What ``bench/admission.py`` prints with ``options``, briefly (one round of 0.02 s), once it
+    exited without error."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "sqlite", "--rounds", "1",
-         "--seconds", "0.02", "--big-receipts", "300", "--keys", "4", "--skip", "http"],
+        [
+            sys.executable,
+            str(ROOT / "bench" / "admission.py"),
+            "--rounds",
+            "1",
+            "--seconds",
+            "0.02",
+            *options,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=tmp_path,
-    )  # fmt: skip
+    )
     assert result.returncode == 0, result.stderr
-    out = result.stdout
+    return result.stdout
+
+
+def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) -> None:
+    out = _admission_bench(
+        tmp_path, "--backend", "sqlite", "--big-receipts", "300", "--keys", "4", "--skip", "http"
+    )
     assert "sqlite loaded database checked: 3 loaded keys retried" in out
     for goal in ("fresh (command", "retained (signal", "fresh at the loaded size", "bytes per receipt"):
         assert f"# goal: sqlite {goal}" in out, out
@@ -58,36 +73,20 @@ def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) ->
 
 def test_the_admission_benchmarks_mixed_part_runs_every_way(pg_url: str, tmp_path: Path) -> None:
     # Each stream checks every answer: a retry must come back retained, a new key fresh.
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "postgresql", "--pg-url", pg_url,
-         "--rounds", "1", "--seconds", "0.02", "--only", "mixed"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    rows = [line for line in lines if line.startswith("postgresql") and "keyed, " in line]
+    out = _admission_bench(tmp_path, "--backend", "postgresql", "--pg-url", pg_url, "--only", "mixed")
+    rows = [line for line in out.splitlines() if line.startswith("postgresql") and "keyed, " in line]
     for share in ("0%", "10%", "25%", "50%", "100%"):
         for way in ("read in the lock's round trip", "read first", "the service's choice"):
-            assert any(f"keyed, {share} retries" in r and way in r for r in rows), result.stdout
+            assert any(f"keyed, {share} retries" in r and way in r for r in rows), out
 
 
 def test_the_admission_benchmarks_growth_part_reads_the_wal_by_relation_on_postgresql(tmp_path: Path) -> None:
     # The growth part starts a server of its own (it creates databases): the loaded database is
     # read back through the service, and the WAL after a CHECKPOINT read again by relation.
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "admission.py"), "--backend", "postgresql", "--rounds", "1",
-         "--seconds", "0.02", "--only", "growth", "--big-receipts", "2000", "--wal-admissions", "20",
-         "--keys", "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
+    out = _admission_bench(
+        tmp_path, "--backend", "postgresql", "--only", "growth", "--big-receipts", "2000",
+        "--wal-admissions", "20", "--keys", "4",
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
     assert "postgresql loaded database checked: " in out, out
     shares = [line.split() for line in out.splitlines() if line.startswith(("admission ", "floor "))]
     assert {"workflow_commands_request_lookup", "workflow_commands"} <= {row[1] for row in shares}, out
