@@ -7,8 +7,9 @@ benchmarks, never asserted by tests.  The ``test`` extra installs the
 digest benchmark's peers, so every script is checked.  Modules named ``_*`` are
 parts of a script, not scripts.  The admission benchmark also runs once,
 on SQLite with tiny sizes, as a check of its harness (the loaded database is
-read back through the service), not of speed, and its PostgreSQL-only part of
-streams with retries runs once, briefly, on PostgreSQL.
+read back through the service), not of speed; in the extra set, its
+PostgreSQL-only part of streams with retries, and its growth part on
+PostgreSQL with the WAL read back by relation, run once each, briefly.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) ->
         assert f"# goal: sqlite {goal}" in out, out
 
 
+@pytest.mark.extra  # a harness check of a PostgreSQL-only part; the default run stays short
 def test_the_admission_benchmarks_mixed_part_runs_every_way(pg_url: str, tmp_path: Path) -> None:
     # Each stream checks every answer: a retry must come back retained, a new key fresh.
     out = _admission_bench(tmp_path, "--backend", "postgresql", "--pg-url", pg_url, "--only", "mixed")
@@ -80,6 +82,7 @@ def test_the_admission_benchmarks_mixed_part_runs_every_way(pg_url: str, tmp_pat
             assert any(f"keyed, {share} retries" in r and way in r for r in rows), out
 
 
+@pytest.mark.extra  # starts a server of its own and loads it
 def test_the_admission_benchmarks_growth_part_reads_the_wal_by_relation_on_postgresql(tmp_path: Path) -> None:
     # The growth part starts a server of its own (it creates databases): the loaded database is
     # read back through the service, and the WAL after a CHECKPOINT read again by relation.
