@@ -79,7 +79,9 @@ def _write_ahead(conn: sqlite3.Connection) -> None:
             conn.execute("PRAGMA journal_mode=WAL")
             return
         except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
+            # By its code, as admission/sql/_engine.py tells a busy BEGIN IMMEDIATE.
+            busy = getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() > deadline:
                 raise
             time.sleep(0.01)
 
