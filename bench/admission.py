@@ -1008,7 +1008,8 @@ def bench_growth(
     return list(results.values())
 
 
-RECEIPT_INDEX = "workflow_commands_request_lookup"
+# The receipt index: the one on the commands' request_id (admission/sql/_schema.py).
+RECEIPT_INDEX = next(index.name for index in workflow_commands.indexes if "request_id" in index.columns)
 WalShare = tuple[str, float, float]
 """A relation (or ``other``), its WAL bytes per call, and the full-page images' part of them."""
 
