@@ -122,7 +122,7 @@ from admission.sql import (  # noqa: E402
     workflow_commands,
     workflow_history_events,
 )
-from bench import _bigdb  # noqa: E402
+from bench import _bigdb, _pages  # noqa: E402
 from bench._bigdb import (  # noqa: E402
     COMMAND,
     Instance,
@@ -1085,6 +1085,36 @@ def print_wal_shares(shares: dict[str, list[WalShare]], markdown: bool) -> None:
     table(header, lines, markdown, right=(2, 3))
 
 
+def print_bytes(
+    relations: dict[str, list[tuple[str, float]]],
+    columns: dict[str, list[tuple[str, str, float]]],
+    receipts: int,
+    markdown: bool,
+) -> None:
+    """Bytes per receipt by table and index on the loaded database, then the stored size of each
+    column of a command's and an event's row."""
+    lines = [(backend, name, f"{size:,.1f}") for backend, rows in relations.items() for name, size in rows
+             if size >= 0.5]  # fmt: skip
+    table(("backend", "table or index", f"B per receipt at {receipts:,}"), lines, markdown, right=(2,))
+    print()
+    lines = [
+        (backend, f"{t}.{c}", f"{size:,.1f}") for backend, rows in columns.items() for t, c, size in rows
+    ]
+    table(("backend", "column", "average B stored"), lines, markdown, right=(2,))
+
+
+def print_pages(pages: PagesBy, markdown: bool) -> None:
+    """SQLite: pages written to the log per call, by b-tree, for each kind of call (one column each)."""
+    kinds = list(pages)
+    names = sorted(
+        {n for by in pages.values() for n in by}, key=lambda n: -max(by.get(n, 0) for by in pages.values())
+    )
+    lines = [(n, *(f"{pages[k].get(n, 0.0):,.1f}" for k in kinds)) for n in names]
+    lines.append(("all", *(f"{sum(pages[k].values()):,.1f}" for k in kinds)))
+    header = ("sqlite b-tree", *(f"pages per {k}" for k in kinds))
+    table(header, lines, markdown, right=tuple(range(1, len(header))))
+
+
 def print_growth(growth: Sequence[Growth], receipts: int, markdown: bool) -> None:
     header = (
         "backend",
@@ -1114,16 +1144,25 @@ BATCH = 32
 ASYNC_SINGLE = "async service's "
 
 
+PagesBy = dict[str, dict[str, float]]
+"""Pages written to SQLite's log per call, by b-tree, for each kind of call (bench/_pages.py)."""
+PAGE_CALLS = {"single admit_signal": 20, f"admit_many of {BATCH}": 10, "floor transaction": 20}
+"""Each kind of call whose pages are counted, and how many calls (each after a checkpoint)."""
+
+
 def bench_batch(
     backend: str, url: str, tag: str, rounds: int, seconds: float, postmaster: int | None
-) -> tuple[list[Row], list[str]]:
-    """Commands/s of ``admit_many`` with 32 commands per call beside single ``admit_signal`` calls."""
+) -> tuple[list[Row], list[str], PagesBy | None]:
+    """Commands/s of ``admit_many`` with 32 commands per call beside single ``admit_signal`` calls;
+    on SQLite, also the pages each kind of call writes to the log."""
     try:
         from admission.receipts import BatchCommand  # type: ignore[attr-defined]
     except ImportError:
-        return [], [
-            f"{backend} batch: skipped, this tree has no admission.receipts.BatchCommand (admit_many)"
-        ]
+        return (
+            [],
+            [f"{backend} batch: skipped, this tree has no admission.receipts.BatchCommand (admit_many)"],
+            None,
+        )
     has_async = hasattr(AsyncAdmissionService, "admit_many")
     subject = Subject(backend, url, f"{tag}-m", retained=False, asynchronous=has_async)
     batches = itertools.count()
@@ -1159,6 +1198,16 @@ def bench_batch(
                 subject.admit_fresh, seconds, postmaster, subject.awaited(subject.admit_fresh_async)
             )
         samples = interleaved(candidates, rounds)
+        pages = None
+        if backend == "sqlite":
+            path = make_url(url).database
+            assert path
+            pages = {
+                kind: _pages.sqlite_pages(path, fn, calls)
+                for (kind, calls), fn in zip(
+                    PAGE_CALLS.items(), (subject.admit_fresh, many, subject.floor_fresh), strict=True
+                )
+            }
     finally:
         subject.close()
 
@@ -1178,7 +1227,7 @@ def bench_batch(
             Row(backend, measurement, "single admit_signal calls, async", samples["single async"], None,
                 "signal"),
         ]  # fmt: skip
-    return rows, []
+    return rows, [], pages
 
 
 # --------------------------------------------------------------------------
@@ -1420,6 +1469,9 @@ class Results:
     receipt_bytes: dict[str, float] | None = None
     wal: tuple[float, float] | None = None
     wal_shares: dict[str, list[WalShare]] | str | None = None
+    pages: PagesBy | None = None
+    relation_bytes: dict[str, list[tuple[str, float]]] | None = None
+    column_bytes: dict[str, list[tuple[str, str, float]]] | None = None
 
 
 def verdicts(results: Results) -> list[str]:
@@ -1588,11 +1640,12 @@ def main(argv: list[str] | None = None) -> int:
                     notes += backend_notes
                     progress(started, f"{backend} fresh and retained done")
                 if "batch" in parts:
-                    backend_rows, backend_notes = bench_batch(
+                    backend_rows, backend_notes, pages = bench_batch(
                         backend, url, tag, args.rounds, args.seconds, pm
                     )
                     results.rows += backend_rows
                     notes += backend_notes
+                    results.pages = pages or results.pages  # SQLite's only
                     progress(started, f"{backend} batch done")
                 if backend == "postgresql" and "processes" in parts:
                     results.processes = bench_processes(url, tag, args.rounds, args.seconds, postmaster)
@@ -1622,6 +1675,10 @@ def main(argv: list[str] | None = None) -> int:
                 results.receipt_bytes = {
                     b: _bigdb.receipt_bytes(pair[1], built[b].receipts)[0] for b, pair in pairs.items()
                 }
+                results.relation_bytes = {
+                    b: _pages.relation_bytes(pair[1], built[b].receipts) for b, pair in pairs.items()
+                }
+                results.column_bytes = {b: _pages.column_bytes(pair[1]) for b, pair in pairs.items()}
                 results.growth = []
                 for backend, pair in pairs.items():
                     pm = postmaster if backend == "postgresql" else None
@@ -1656,6 +1713,12 @@ def main(argv: list[str] | None = None) -> int:
     if results.growth:
         print()
         print_growth(results.growth, args.big_receipts, args.markdown)
+    if results.relation_bytes is not None and results.column_bytes is not None:
+        print()
+        print_bytes(results.relation_bytes, results.column_bytes, args.big_receipts, args.markdown)
+    if results.pages is not None:
+        print()
+        print_pages(results.pages, args.markdown)
     if results.wal is not None:
         print(
             f"# postgresql WAL from outside, after a CHECKPOINT, {args.wal_admissions:,} calls on the loaded "

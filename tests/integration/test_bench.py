@@ -7,7 +7,8 @@ benchmarks, never asserted by tests.  The ``test`` extra installs the
 digest benchmark's peers, so every script is checked.  Modules named ``_*`` are
 parts of a script, not scripts.  The admission benchmark also runs once,
 on SQLite with tiny sizes, as a check of its harness (the loaded database is
-read back through the service), not of speed; in the extra set, its
+read back through the service; the bytes by table and column, and the pages
+each kind of call writes, are reported), not of speed; in the extra set, its
 PostgreSQL-only part of streams with retries, and its growth part on
 PostgreSQL with the WAL read back by relation, run once each, briefly.
 """
@@ -70,6 +71,17 @@ def test_the_admission_benchmark_reports_every_part_on_sqlite(tmp_path: Path) ->
     assert "sqlite loaded database checked: 3 loaded keys retried" in out
     for goal in ("fresh (command", "retained (signal", "fresh at the loaded size", "bytes per receipt"):
         assert f"# goal: sqlite {goal}" in out, out
+    # Bytes by table and column: the receipt token is the contract's hex text (contract §2.5).
+    rows = [line.split() for line in out.splitlines() if line.startswith("sqlite ")]
+    sizes = {row[1]: float(row[-1].replace(",", "")) for row in rows if len(row) == 3}
+    assert sizes["workflow_commands.request_id"] == len("signal-v1:") + 64, out
+    assert sizes["workflow_commands"] > sizes["workflow_commands_request_lookup"] > 0, out
+    # Pages written per call, by b-tree: each kind writes the tables it inserts into, and the
+    # batch writes more pages than one admission.
+    pages = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("workflow_")}
+    single, many, floor = (float(v.replace(",", "")) for v in pages["workflow_commands_request_lookup"])
+    assert many > single >= 1.0 and floor == 0.0, out
+    assert "bench_floor_commands" in out, out
 
 
 @pytest.mark.extra  # a harness check of a PostgreSQL-only part; the default run stays short
