@@ -10,6 +10,7 @@ not counted again.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +19,15 @@ from bench._pages import sqlite_pages, wal_frames
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> tuple[str, sqlite3.Connection]:
+def db(tmp_path: Path) -> Iterator[tuple[str, sqlite3.Connection]]:
     path = str(tmp_path / "pages.sqlite3")
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA wal_autocheckpoint=0")  # the tests checkpoint themselves
     conn.execute("CREATE TABLE t (x INTEGER)")
     conn.execute("CREATE TABLE u (x INTEGER)")
-    return path, conn
+    yield path, conn
+    conn.close()
 
 
 def _root(conn: sqlite3.Connection, name: str) -> int:
