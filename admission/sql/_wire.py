@@ -13,8 +13,8 @@ with its placeholders numbered (``$1``), prepared once per connection under a
 name of its own, in the same exchange as its first execution.  Its values are
 dumped and its rows loaded by psycopg's own ``Transformer`` (the adapters a
 cursor uses, so the bytes sent are the ones a cursor sends), and the exchange
-runs through psycopg's own pipeline generator and ``wait``, non-blocking, as a
-cursor's does.  :func:`exchange` sends a list of statements and a sync, then
+is sent in one flush and read through psycopg's own generator and ``wait``,
+non-blocking, as a cursor's is.  :func:`exchange` sends a list of statements and a sync, then
 reads every result; the first error raises as psycopg raises it, after the
 whole exchange has been read, so the connection is left out of pipeline mode
 and its transaction, if one was begun, open in error for the rollback.
@@ -27,7 +27,6 @@ psycopg's own path.
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
@@ -249,7 +248,7 @@ class _Sending:
             session = _sessions[driver] = _Session()
         self._session = session
         names = session.names
-        self.commands: deque[Callable[[], None]] = deque()
+        self.commands: list[Callable[[], None]] = []
         # Per command sent, in order: the statement whose rows it returns, None for a plain
         # statement, or the (SQL, types) key and name of a prepare.
         self.sent: list[WireStatement | tuple[Key, bytes] | None] = []
@@ -273,15 +272,31 @@ class _Sending:
         self.commands.append(pgconn.pipeline_sync)
 
     def communicate(self) -> Any:
-        """psycopg's generator that sends the commands (reading results meanwhile, so neither
-        side waits on a full buffer), then its reads up to the sync's result: one wait for all.
-        The connection is put in pipeline mode first; :meth:`leave` takes it out."""
+        """A generator for psycopg's ``wait`` that sends the commands in one flush, then reads
+        every result up to the sync's. The connection is put in pipeline mode first;
+        :meth:`leave` takes it out.
+
+        In pipeline mode libpq only buffers each command (it flushes on its own once 64 KB are
+        waiting), and the sync flushes the rest: the exchange goes out in one ``send`` when it
+        fits the socket's buffer. psycopg's ``pipeline_communicate`` instead waits for the
+        socket to be writable and flushes before each command: a ``poll`` and a ``send`` per
+        statement (8 sends and ~13 polls a fresh admission, against 2 and ~4 here, counted by
+        ``strace``). What the socket does not take at once is sent as it becomes writable,
+        the results read meanwhile into libpq's buffer, so neither side waits on a full
+        buffer.
+        """
         from psycopg import generators, pq
+        from psycopg.waiting import Ready, Wait
 
         pgconn = self._driver.pgconn
         pgconn.enter_pipeline_mode()
-        # pipeline_communicate returns once everything is sent, with the results read so far.
-        groups = yield from generators.pipeline_communicate(pgconn, self.commands)
+        for command in self.commands:
+            command()
+        while pgconn.flush():  # 1 while some of the exchange is still to be sent
+            ready = yield Wait.RW
+            if ready & Ready.R:
+                pgconn.consume_input()
+        groups: list[list[Any]] = []
         while not groups or groups[-1][0].status != pq.ExecStatus.PIPELINE_SYNC:
             if group := (yield from generators.fetch_many(pgconn)):
                 groups.append(group)

@@ -7,13 +7,19 @@ nothing of it (not the instance row made for it, not the command), the
 connection is sound and out of autocommit afterwards however the transaction
 ended, and the rows are the ones the statements one by one write.  The round
 trips of a fresh admission, a retry and a batch are counted from libpq's trace.
+An exchange larger than the socket's send buffer is sent whole and answered,
+on the sync and the async store, without either side waiting on the other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
+import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -412,3 +418,82 @@ def test_plans_made_again_twice_while_psycopg_prepares_only_between_keep_admitti
         assert _counts(store)["workflow_commands"] == 2 + 13 * 2
     finally:
         store.dispose()
+
+
+BIG = 512 * 1024
+"""Bytes of each argument of the large batch below: 32 of them are more than twice a socket's
+send buffer on loopback."""
+
+
+def _send_buffer(store: SqlStore) -> int:
+    """The send buffer of a connection of ``store`` to its server, in bytes."""
+    proxy = store.engine.raw_connection()
+    try:
+        with socket.socket(fileno=os.dup(proxy.dbapi_connection.pgconn.socket)) as sock:  # type: ignore[union-attr]
+            return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF))
+    finally:
+        proxy.close()
+
+
+def _within(seconds: float, action: Callable[[], Any]) -> Any:
+    """``action()`` in a thread of its own, which must end within ``seconds``: an exchange that
+    deadlocks (each side waiting for the other to read) fails the test instead of hanging it."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = action()
+        except BaseException as exc:  # raised again below, in the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"no answer after {seconds} s: the exchange deadlocked"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_an_exchange_larger_than_the_socket_takes_at_once_is_sent_whole_and_answered(pg_url: str) -> None:
+    # An exchange goes out in one flush when it fits the socket's buffer; a larger one is sent as
+    # the socket drains, the server's results read meanwhile (admission/sql/_wire.py).
+    store = SqlStore.open(pg_url)
+    try:
+        service = AdmissionService(store)
+        workflow = f"wf-{uuid.uuid4()}"
+        service.start_run("ns", workflow)
+        batch = [
+            BatchCommand("signal", "ns", workflow, "s", [n, "x" * BIG], request_id=f"big-{n}")
+            for n in range(32)
+        ]
+        answers = _within(120, lambda: service.admit_many(batch))
+        assert 2 * _send_buffer(store) < 32 * BIG
+        assert [getattr(a, "decision", a) for a in answers] == [Decision.FRESH] * 32
+        again = service.admit_many(batch)
+        assert [getattr(a, "decision", a) for a in again] == [Decision.RETAINED] * 32
+        assert [a.command_id for a in again] == [a.command_id for a in answers]  # type: ignore[union-attr]
+        stored = store.read_history(store.find_instance("ns", workflow).id)  # type: ignore[union-attr]
+        assert len([e for e in stored if e.event_type == "SignalReceived"]) == 32
+    finally:
+        store.dispose()
+
+
+def test_the_async_store_sends_an_exchange_larger_than_the_socket_takes_at_once(pg_url: str) -> None:
+    async def main() -> None:
+        store, _sync, service = await _async_service(pg_url)
+        workflow = f"wf-{uuid.uuid4()}"
+        await service.start_run("ns", workflow)
+        batch = [
+            BatchCommand("signal", "ns", workflow, "s", [n, "y" * BIG], request_id=f"big-{n}")
+            for n in range(32)
+        ]
+        try:
+            answers = await asyncio.wait_for(service.admit_many(batch), 120)
+            assert [getattr(a, "decision", a) for a in answers] == [Decision.FRESH] * 32
+            again = await service.admit_many(batch)
+            assert [getattr(a, "decision", a) for a in again] == [Decision.RETAINED] * 32
+        finally:
+            await store.dispose()
+
+    asyncio.run(main())
