@@ -280,7 +280,7 @@ class _Sending:
         waiting), and the sync flushes the rest: the exchange goes out in one ``send`` when it
         fits the socket's buffer. psycopg's ``pipeline_communicate`` instead waits for the
         socket to be writable and flushes before each command: a ``poll`` and a ``send`` per
-        statement (8 sends and ~13 polls a fresh admission, against 2 and ~4 here, counted by
+        statement (8 sends and ~13 polls a fresh admission, against 2 and 3 here, counted by
         ``strace``). What the socket does not take at once is sent as it becomes writable,
         the results read meanwhile into libpq's buffer, so neither side waits on a full
         buffer.
