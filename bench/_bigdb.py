@@ -365,32 +365,55 @@ def check(url: str, built: Built, sample: int = 100) -> str:
     )
 
 
-def receipt_bytes(url: str, receipts: int) -> tuple[float, float]:
-    """(bytes per receipt in admission's receipt tables with their indexes, in the whole database)."""
-    tables = ("workflow_instances", "workflow_runs", "workflow_commands", "workflow_updates",
-              "workflow_history_events")  # fmt: skip
+RECEIPT_TABLES = ("workflow_instances", "workflow_runs", "workflow_commands", "workflow_updates",
+                  "workflow_history_events")  # fmt: skip
+"""The receipt schema's tables (the jobs' and the worker's are not a receipt's)."""
+
+
+def relation_bytes(url: str, receipts: int) -> list[tuple[str, float]]:
+    """Bytes per receipt in each table and index of the receipt schema, largest first (SQLite's
+    ``dbstat``; PostgreSQL's table sizes, TOAST included, and index sizes). Their sum is the
+    receipt tables with their indexes."""
+    if make_url(url).get_backend_name() == "postgresql":
+        import psycopg
+
+        sizes = """
+            SELECT t AS relation, pg_table_size(t::regclass) FROM unnest(%(tables)s::text[]) AS t
+            UNION ALL
+            SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
+            FROM pg_index AS i WHERE i.indrelid = ANY(%(tables)s::regclass[])
+        """
+        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
+            found = conn.execute(sizes, {"tables": list(RECEIPT_TABLES)}).fetchall()
+    else:
+        path = make_url(url).database
+        assert path
+        lite = sqlite3.connect(path)
+        try:
+            placeholders = ", ".join("?" * len(RECEIPT_TABLES))
+            found = lite.execute(
+                "SELECT name, sum(pgsize) FROM dbstat WHERE name IN "
+                f"(SELECT name FROM sqlite_master WHERE tbl_name IN ({placeholders})) GROUP BY name",
+                RECEIPT_TABLES,
+            ).fetchall()
+        finally:
+            lite.close()
+    return sorted(((str(name), float(size) / receipts) for name, size in found), key=lambda r: -r[1])
+
+
+def database_bytes(url: str) -> int:
+    """The whole database's size in bytes (which also holds the floor's filled tables)."""
     if make_url(url).get_backend_name() == "postgresql":
         import psycopg
 
         with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
-            own = sum(
-                conn.execute("SELECT pg_total_relation_size(%s)", (t,)).fetchone()[0]  # type: ignore[index]
-                for t in tables
-            )
-            whole = conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]  # type: ignore[index]
-        return own / receipts, whole / receipts
+            return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])  # type: ignore[index]
     path = make_url(url).database
     assert path
-    conn = sqlite3.connect(path)
+    lite = sqlite3.connect(path)
     try:
-        placeholders = ", ".join("?" * len(tables))
-        (own,) = conn.execute(
-            "SELECT sum(pgsize) FROM dbstat WHERE name IN "
-            f"(SELECT name FROM sqlite_master WHERE tbl_name IN ({placeholders}))",
-            tables,
-        ).fetchone()
-        page_count = conn.execute("PRAGMA page_count").fetchone()[0]
-        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        page_count = lite.execute("PRAGMA page_count").fetchone()[0]
+        page_size = lite.execute("PRAGMA page_size").fetchone()[0]
     finally:
-        conn.close()
-    return own / receipts, page_count * page_size / receipts
+        lite.close()
+    return int(page_count * page_size)

@@ -1,11 +1,10 @@
-"""Where admission's writes and bytes go, b-tree by b-tree, for ``bench/admission.py``.
+"""Where admission's writes and bytes go, for ``bench/admission.py`` (the bytes of each table
+and index: :func:`bench._bigdb.relation_bytes`).
 
 - :func:`sqlite_pages`: the pages one call writes to SQLite's write-ahead
   log, by the table or index each belongs to.  A commit appends one frame
   per page its transaction changed, and the commit's ``fsync`` carries
   them all, so the count is what a call costs the disk.
-- :func:`relation_bytes`: bytes per receipt in each table and index of the
-  receipt schema (SQLite's ``dbstat``, PostgreSQL's relation sizes).
 - :func:`column_bytes`: the average stored size of each column of the
   commands' and the events' rows.
 
@@ -24,10 +23,6 @@ from sqlalchemy.engine import make_url
 
 from admission.sql import workflow_commands, workflow_history_events
 from bench._bigdb import pg_conninfo
-
-RECEIPT_TABLES = ("workflow_instances", "workflow_runs", "workflow_commands", "workflow_updates",
-                  "workflow_history_events")  # fmt: skip
-"""The receipt schema's tables (the jobs' and the worker's are not a receipt's)."""
 
 _WAL_HEADER, _FRAME_HEADER = 32, 24
 """Bytes of a write-ahead log's header and of each frame's (sqlite.org/fileformat.html, section 4)."""
@@ -80,35 +75,6 @@ def sqlite_pages(path: str, fn: Callable[[], None], calls: int) -> dict[str, flo
     return {name: count / calls for name, count in counted.most_common()}
 
 
-def relation_bytes(url: str, receipts: int) -> list[tuple[str, float]]:
-    """Bytes per receipt in each table and index of the receipt schema, largest first."""
-    if make_url(url).get_backend_name() == "postgresql":
-        import psycopg
-
-        sizes = """
-            SELECT t AS relation, pg_table_size(t::regclass) FROM unnest(%(tables)s::text[]) AS t
-            UNION ALL
-            SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
-            FROM pg_index AS i WHERE i.indrelid = ANY(%(tables)s::regclass[])
-        """
-        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
-            found = conn.execute(sizes, {"tables": list(RECEIPT_TABLES)}).fetchall()
-    else:
-        path = make_url(url).database
-        assert path
-        conn = sqlite3.connect(path)
-        try:
-            placeholders = ", ".join("?" * len(RECEIPT_TABLES))
-            found = conn.execute(
-                "SELECT name, sum(pgsize) FROM dbstat WHERE name IN "
-                f"(SELECT name FROM sqlite_master WHERE tbl_name IN ({placeholders})) GROUP BY name",
-                RECEIPT_TABLES,
-            ).fetchall()
-        finally:
-            conn.close()
-    return sorted(((str(name), float(size) / receipts) for name, size in found), key=lambda r: -r[1])
-
-
 def column_bytes(url: str) -> list[tuple[str, str, float]]:
     """(table, column, average stored bytes) of the commands' and the events' columns, over the
     first :data:`COLUMN_SAMPLE` rows of each table.
@@ -118,27 +84,30 @@ def column_bytes(url: str) -> list[tuple[str, str, float]]:
     integer column is left out, its record size depends on the value).
     """
     postgres = make_url(url).get_backend_name() == "postgresql"
-    out = []
+    measure = "pg_column_size({})" if postgres else "length(CAST({} AS BLOB))"
+    queries = []
     for table in (workflow_commands, workflow_history_events):
         names = [c.name for c in table.c if postgres or not isinstance(c.type, Integer)]
-        measure = "pg_column_size({})" if postgres else "length(CAST({} AS BLOB))"
         sql = (
             f"SELECT {', '.join('avg(' + measure.format(n) + ')' for n in names)} "
             f"FROM (SELECT * FROM {table.name} LIMIT {COLUMN_SAMPLE}) AS sampled"
         )
-        if postgres:
-            import psycopg
+        queries.append((table.name, names, sql))
+    if postgres:
+        import psycopg
 
-            with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
-                row = conn.execute(sql).fetchone()
-        else:
-            path = make_url(url).database
-            assert path
-            lite = sqlite3.connect(path)
-            try:
-                row = lite.execute(sql).fetchone()
-            finally:
-                lite.close()
+        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
+            rows = [conn.execute(sql).fetchone() for _, _, sql in queries]
+    else:
+        path = make_url(url).database
+        assert path
+        lite = sqlite3.connect(path)
+        try:
+            rows = [lite.execute(sql).fetchone() for _, _, sql in queries]
+        finally:
+            lite.close()
+    out = []
+    for (table_name, names, _), row in zip(queries, rows, strict=True):
         assert row is not None
-        out += [(table.name, name, float(size or 0)) for name, size in zip(names, row, strict=True)]
+        out += [(table_name, name, float(size or 0)) for name, size in zip(names, row, strict=True)]
     return out
