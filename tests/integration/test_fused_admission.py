@@ -425,6 +425,13 @@ BIG = 512 * 1024
 send buffer on loopback."""
 
 
+def _big_batch(workflow: str) -> list[BatchCommand]:
+    """32 signals to ``workflow``, each with an argument of :data:`BIG` bytes."""
+    return [
+        BatchCommand("signal", "ns", workflow, "s", [n, "x" * BIG], request_id=f"big-{n}") for n in range(32)
+    ]
+
+
 def _send_buffer(store: SqlStore) -> int:
     """The send buffer of a connection of ``store`` to its server, in bytes."""
     proxy = store.engine.raw_connection()
@@ -463,10 +470,7 @@ def test_an_exchange_larger_than_the_socket_takes_at_once_is_sent_whole_and_answ
         service = AdmissionService(store)
         workflow = f"wf-{uuid.uuid4()}"
         service.start_run("ns", workflow)
-        batch = [
-            BatchCommand("signal", "ns", workflow, "s", [n, "x" * BIG], request_id=f"big-{n}")
-            for n in range(32)
-        ]
+        batch = _big_batch(workflow)
         answers = _within(120, lambda: service.admit_many(batch))
         assert 2 * _send_buffer(store) < 32 * BIG
         assert [getattr(a, "decision", a) for a in answers] == [Decision.FRESH] * 32
@@ -484,10 +488,7 @@ def test_the_async_store_sends_an_exchange_larger_than_the_socket_takes_at_once(
         store, _sync, service = await _async_service(pg_url)
         workflow = f"wf-{uuid.uuid4()}"
         await service.start_run("ns", workflow)
-        batch = [
-            BatchCommand("signal", "ns", workflow, "s", [n, "y" * BIG], request_id=f"big-{n}")
-            for n in range(32)
-        ]
+        batch = _big_batch(workflow)
         try:
             answers = await asyncio.wait_for(service.admit_many(batch), 120)
             assert [getattr(a, "decision", a) for a in answers] == [Decision.FRESH] * 32
