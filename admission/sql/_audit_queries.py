@@ -204,6 +204,7 @@ REFERENCES: Final = (
     # References no foreign key declares (a pruned run takes its events with it;
     # the log and the worker's records are never trimmed otherwise).
     Reference(workflow_instances, "current_run_id", workflow_runs, "id"),
+    Reference(workflow_commands, "run_id", workflow_runs, "id"),  # its key dropped in revision 0006
     Reference(workflow_runs, "continued_from_run_id", workflow_runs, "id"),
     Reference(worker_events, "write_id", worker_records, "write_id"),
     Reference(worker_jobs, "attempt_id", worker_job_attempts, "attempt_id"),

@@ -9,7 +9,8 @@ databases have), ``0002`` (the intent columns, DDL only), ``0003`` (the
 durable worker's tables and the outbox cursors, plus the fencing trigger on
 ``worker_records`` that refuses a write carrying a stale lease token) and
 ``0004`` (the durable job tables ``worker_job*``, worker contract §4;
-docs/jobs.md) and ``0005`` (``worker_jobs.not_before``, a retry's backoff).  This module
+docs/jobs.md), ``0005`` (``worker_jobs.not_before``, a retry's backoff) and ``0006``
+(``workflow_commands`` without its foreign key to its run, and the index by run).  This module
 declares the head; a test proves ``upgrade head`` produces exactly it.
 
 Values stored as bytes (arguments, results, contexts, event payloads) are in
@@ -105,7 +106,9 @@ workflow_commands = Table(
     metadata,
     Column("id", String(bounds.ID), primary_key=True),
     Column("instance_id", String(bounds.ID), ForeignKey("workflow_instances.id"), nullable=False),
-    Column("run_id", String(bounds.ID), ForeignKey("workflow_runs.id"), nullable=True),
+    # No foreign key since revision 0006: the instance's lock proves the run, and the
+    # index the key needed cost every admission an entry (docs/performance.md).
+    Column("run_id", String(bounds.ID), nullable=True),
     Column("command_sequence", Integer, nullable=False),
     Column("command_type", String(bounds.STATUS), nullable=False),
     Column("name", String(bounds.NAME), nullable=False),
@@ -128,7 +131,6 @@ workflow_commands = Table(
     UniqueConstraint("instance_id", "command_sequence"),
     # The backstop of the admission lock (contract §2.6, §4).
     Index("workflow_commands_request_lookup", "instance_id", "command_type", "request_id", unique=True),
-    Index(None, "run_id"),
 )
 """Commands and their receipts."""
 

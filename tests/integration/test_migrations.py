@@ -1,4 +1,4 @@
-"""Alembic owns the schema: revisions 0001 to 0005, shipped inside the package."""
+"""Alembic owns the schema: revisions 0001 to 0006, shipped inside the package."""
 
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ def fresh_engine(backend: str, pool: PostgresPool, tmp_path: Path):  # type: ign
     return create_admission_engine(database_url(backend, pool, tmp_path, migrated=False))
 
 
-def test_revisions_are_0001_to_0005_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
+def test_revisions_are_0001_to_0006_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
     engine = create_admission_engine(f"sqlite:///{tmp_path / 'x.sqlite3'}")
     script = ScriptDirectory.from_config(alembic_config(engine))
     chain = [rev.revision for rev in reversed(list(script.walk_revisions()))]
-    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 6)]
+    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 7)]
     assert script.get_current_head() == HEAD_REVISION
 
 
@@ -179,7 +179,7 @@ def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_c
     from admission.receipts import AdmissionService
     from admission.sql import SqlStore, check_revision
     from admission.sql._revisions import HOST_VERSION_TABLE, version_table_of
-    from tests.support.snapshot import diff_snapshots, snapshot
+    from tests.support.snapshot import diff_snapshots, snapshot, without_command_run_key
 
     engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
     upgrade(engine, "0004")  # the head of the builds that stamped alembic_version
@@ -202,7 +202,7 @@ def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_c
     jobs = after["tables"]["worker_jobs"]  # revision 0005's column, on a table with no rows
     del jobs["columns"]["not_before"]
     jobs["column_order"].remove("not_before")
-    assert diff_snapshots(before, after) == []
+    assert diff_snapshots(without_command_run_key(before), after) == []  # and revision 0006's
     moved = snapshot(engine)
     assert upgrade(engine) == HEAD_REVISION  # once: a second upgrade finds nothing to move
     assert diff_snapshots(moved, snapshot(engine)) == []
@@ -235,7 +235,7 @@ def test_0005_adds_not_before_leaving_every_job_as_it_was_and_its_downgrade_drop
             {"bytes": b"\xf6"},
         )
     before = snapshot(engine)
-    assert upgrade(engine) == HEAD_REVISION
+    assert upgrade(engine, "0005") == "admission_0005"
     after = snapshot(engine)
     jobs_after = after["tables"]["worker_jobs"]
     assert jobs_after["columns"]["not_before"]["nullable"]
@@ -246,6 +246,7 @@ def test_0005_adds_not_before_leaving_every_job_as_it_was_and_its_downgrade_drop
         state["tables"].pop(VERSION_TABLE)
     assert diff_snapshots(before, after) == []
 
+    assert upgrade(engine) == HEAD_REVISION
     service = JobService(SqlJobStore(engine))
     claimed = service.claim_next("s")  # no backoff recorded: claimable as it was
     assert claimed is not None and claimed.job_id == "old" and claimed.lease is not None
@@ -258,4 +259,57 @@ def test_0005_adds_not_before_leaving_every_job_as_it_was_and_its_downgrade_drop
         states = {str(r[0]): str(r[1]) for r in conn.execute(text("SELECT job_id, state FROM worker_jobs"))}
     assert "not_before" not in columns and states == {"old": "retry_wait", "new": "queued"}
     assert upgrade(engine) == HEAD_REVISION
+    engine.dispose()
+
+
+def test_0006_drops_only_the_commands_key_to_their_run_and_its_index_and_downgrade_puts_them_back(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+
+    from admission.errors import StorageError
+    from admission.receipts import AdmissionService
+    from admission.sql import SqlStore, audit
+    from tests.support.snapshot import diff_snapshots, snapshot, without_command_run_key
+
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    assert upgrade(engine) == HEAD_REVISION
+    service = AdmissionService(SqlStore(engine))
+    run = service.start_run("ns", "wf")
+    first = service.admit_signal("ns", "wf", "go", [1], request_id="k")
+    update = service.admit_update("ns", "wf", "set", {"x": 1}, request_id="u", run_id=run.run_id)
+    service.admit_signal("ns", "wf", "go", [2])  # no key
+    service.close_run("ns", "wf", "completed")
+    refused = service.admit_signal("ns", "wf", "go", [3], request_id="late")  # after the run: no run
+    assert downgrade(engine, "0005") == "admission_0005"
+    at_0005 = snapshot(engine)
+    commands = at_0005["tables"]["workflow_commands"]
+    run_key = commands["foreign_keys"]["fk_workflow_commands_run_id_workflow_runs"]
+    assert run_key["referred_table"] == "workflow_runs"
+    assert commands["indexes"]["ix_workflow_commands_run_id"]["columns"] == ["run_id"]
+    assert len(commands["rows"]) == 4
+
+    assert upgrade(engine) == HEAD_REVISION
+    at_head = snapshot(engine)
+    at_0005["tables"][VERSION_TABLE]["rows"] = [{"version_num": HEAD_REVISION}]
+    # Every row (the receipts above, the update pointing at its command) and every other element as it was.
+    assert diff_snapshots(without_command_run_key(at_0005), at_head) == []
+    assert audit(engine).ok
+    again = AdmissionService(SqlStore(engine))
+    assert again.admit_signal("ns", "wf", "go", [1], request_id="k").command_id == first.command_id
+    assert again.admit_update("ns", "wf", "set", {"x": 1}, request_id="u", run_id=run.run_id).retained
+    assert again.admit_signal("ns", "wf", "go", [3], request_id="late").command_id == refused.command_id
+    assert update.command_id != first.command_id
+
+    # A command naming a run that is gone: the downgrade would break the key, so it is refused.
+    with engine.begin() as conn:
+        gone = text("UPDATE workflow_commands SET run_id = 'gone' WHERE id = :id")
+        conn.execute(gone, {"id": first.command_id})
+    # The deep check holds the reference the key held.
+    findings = [(f.kind, f.table, f.detail) for f in audit(engine).findings]
+    assert findings == [("dangling_reference", "workflow_commands", "run_id names no row of workflow_runs")]
+    kept = snapshot(engine)
+    with pytest.raises(StorageError, match=r"foreign keys|fk_workflow_commands_run_id_workflow_runs"):
+        downgrade(engine, "0005")
+    assert diff_snapshots(kept, snapshot(engine)) == []
     engine.dispose()

@@ -19,6 +19,7 @@ as strings, bytes as ``\\x`` + lowercase hex, datetimes as ISO 8601 in UTC
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import decimal
 import math
@@ -30,7 +31,7 @@ from typing import Any
 from sqlalchemy import Engine, MetaData, Table, inspect, select, text
 from sqlalchemy.engine import Connection, Dialect
 
-__all__ = ["diff_snapshots", "normalize_value", "snapshot"]
+__all__ = ["diff_snapshots", "normalize_value", "snapshot", "without_command_run_key"]
 
 _SPACES = re.compile(r"\s+")
 
@@ -206,6 +207,16 @@ def snapshot(engine: Engine) -> dict[str, Any]:
         }
         conn.rollback()
     return result
+
+
+def without_command_run_key(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as revision 0006 leaves it: ``workflow_commands`` without the foreign key to its
+    run and the index by run (both must be there), every row and every other element as they were."""
+    expected = copy.deepcopy(state)
+    commands = expected["tables"]["workflow_commands"]
+    del commands["foreign_keys"]["fk_workflow_commands_run_id_workflow_runs"]
+    del commands["indexes"]["ix_workflow_commands_run_id"]
+    return expected
 
 
 # -- the diff --------------------------------------------------------------------------------
