@@ -280,7 +280,7 @@ def test_0006_drops_only_the_commands_key_to_their_run_and_its_index_and_downgra
     update = service.admit_update("ns", "wf", "set", {"x": 1}, request_id="u", run_id=run.run_id)
     service.admit_signal("ns", "wf", "go", [2])  # no key
     service.close_run("ns", "wf", "completed")
-    refused = service.admit_signal("ns", "wf", "go", [3], request_id="late")  # after the run: no run
+    refused = service.admit_signal("ns", "wf", "go", [3], request_id="late")  # after the run closed
     assert downgrade(engine, "0005") == "admission_0005"
     at_0005 = snapshot(engine)
     commands = at_0005["tables"]["workflow_commands"]
@@ -297,9 +297,9 @@ def test_0006_drops_only_the_commands_key_to_their_run_and_its_index_and_downgra
     assert audit(engine).ok
     again = AdmissionService(SqlStore(engine))
     assert again.admit_signal("ns", "wf", "go", [1], request_id="k").command_id == first.command_id
-    assert again.admit_update("ns", "wf", "set", {"x": 1}, request_id="u", run_id=run.run_id).retained
+    retried = again.admit_update("ns", "wf", "set", {"x": 1}, request_id="u", run_id=run.run_id)
+    assert retried.retained and retried.command_id == update.command_id
     assert again.admit_signal("ns", "wf", "go", [3], request_id="late").command_id == refused.command_id
-    assert update.command_id != first.command_id
 
     # A command naming a run that is gone: the downgrade would break the key, so it is refused.
     with engine.begin() as conn:
