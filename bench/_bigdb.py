@@ -370,50 +370,49 @@ RECEIPT_TABLES = ("workflow_instances", "workflow_runs", "workflow_commands", "w
 """The receipt schema's tables (the jobs' and the worker's are not a receipt's)."""
 
 
+def fetch_all(url: str, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[list[tuple[Any, ...]]]:
+    """Every row of each ``(sql, parameters)`` statement, read in turn on one connection of the
+    driver to ``url``'s database (autocommit on PostgreSQL; ``sql`` in the driver's own style)."""
+    if make_url(url).get_backend_name() == "postgresql":
+        import psycopg
+
+        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
+            return [conn.execute(sql, params or None).fetchall() for sql, params in statements]
+    path = make_url(url).database
+    assert path
+    lite = sqlite3.connect(path)
+    try:
+        return [lite.execute(sql, params).fetchall() for sql, params in statements]
+    finally:
+        lite.close()
+
+
 def relation_bytes(url: str, receipts: int) -> list[tuple[str, float]]:
     """Bytes per receipt in each table and index of the receipt schema, largest first (SQLite's
     ``dbstat``; PostgreSQL's table sizes, TOAST included, and index sizes). Their sum is the
     receipt tables with their indexes."""
     if make_url(url).get_backend_name() == "postgresql":
-        import psycopg
-
         sizes = """
-            SELECT t AS relation, pg_table_size(t::regclass) FROM unnest(%(tables)s::text[]) AS t
+            SELECT t AS relation, pg_table_size(t::regclass) FROM unnest(%s::text[]) AS t
             UNION ALL
             SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
-            FROM pg_index AS i WHERE i.indrelid = ANY(%(tables)s::regclass[])
+            FROM pg_index AS i WHERE i.indrelid = ANY(%s::regclass[])
         """
-        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
-            found = conn.execute(sizes, {"tables": list(RECEIPT_TABLES)}).fetchall()
+        [found] = fetch_all(url, [(sizes, [list(RECEIPT_TABLES)] * 2)])
     else:
-        path = make_url(url).database
-        assert path
-        lite = sqlite3.connect(path)
-        try:
-            placeholders = ", ".join("?" * len(RECEIPT_TABLES))
-            found = lite.execute(
-                "SELECT name, sum(pgsize) FROM dbstat WHERE name IN "
-                f"(SELECT name FROM sqlite_master WHERE tbl_name IN ({placeholders})) GROUP BY name",
-                RECEIPT_TABLES,
-            ).fetchall()
-        finally:
-            lite.close()
+        placeholders = ", ".join("?" * len(RECEIPT_TABLES))
+        by_name = (
+            "SELECT name, sum(pgsize) FROM dbstat WHERE name IN "
+            f"(SELECT name FROM sqlite_master WHERE tbl_name IN ({placeholders})) GROUP BY name"
+        )
+        [found] = fetch_all(url, [(by_name, RECEIPT_TABLES)])
     return sorted(((str(name), float(size) / receipts) for name, size in found), key=lambda r: -r[1])
 
 
 def database_bytes(url: str) -> int:
     """The whole database's size in bytes (which also holds the floor's filled tables)."""
     if make_url(url).get_backend_name() == "postgresql":
-        import psycopg
-
-        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
-            return int(conn.execute("SELECT pg_database_size(current_database())").fetchone()[0])  # type: ignore[index]
-    path = make_url(url).database
-    assert path
-    lite = sqlite3.connect(path)
-    try:
-        page_count = lite.execute("PRAGMA page_count").fetchone()[0]
-        page_size = lite.execute("PRAGMA page_size").fetchone()[0]
-    finally:
-        lite.close()
+        [[(size,)]] = fetch_all(url, [("SELECT pg_database_size(current_database())", ())])
+        return int(size)
+    [[(page_count,)], [(page_size,)]] = fetch_all(url, [("PRAGMA page_count", ()), ("PRAGMA page_size", ())])
     return int(page_count * page_size)

@@ -22,7 +22,7 @@ from sqlalchemy import Integer
 from sqlalchemy.engine import make_url
 
 from admission.sql import workflow_commands, workflow_history_events
-from bench._bigdb import pg_conninfo
+from bench._bigdb import fetch_all
 
 _WAL_HEADER, _FRAME_HEADER = 32, 24
 """Bytes of a write-ahead log's header and of each frame's (sqlite.org/fileformat.html, section 4)."""
@@ -93,21 +93,8 @@ def column_bytes(url: str) -> list[tuple[str, str, float]]:
             f"FROM (SELECT * FROM {table.name} LIMIT {COLUMN_SAMPLE}) AS sampled"
         )
         queries.append((table.name, names, sql))
-    if postgres:
-        import psycopg
-
-        with psycopg.connect(**pg_conninfo(url), autocommit=True) as conn:
-            rows = [conn.execute(sql).fetchone() for _, _, sql in queries]
-    else:
-        path = make_url(url).database
-        assert path
-        lite = sqlite3.connect(path)
-        try:
-            rows = [lite.execute(sql).fetchone() for _, _, sql in queries]
-        finally:
-            lite.close()
+    rows = fetch_all(url, [(sql, ()) for _, _, sql in queries])
     out = []
-    for (table_name, names, _), row in zip(queries, rows, strict=True):
-        assert row is not None
+    for (table_name, names, _), [row] in zip(queries, rows, strict=True):
         out += [(table_name, name, float(size or 0)) for name, size in zip(names, row, strict=True)]
     return out
