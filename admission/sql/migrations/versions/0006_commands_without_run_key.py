@@ -6,8 +6,9 @@ the constraint ``fk_workflow_commands_run_id_workflow_runs`` and the index
 commands).  The instance's admission lock already proves the run: runs are
 made, closed and removed only under it, and every statement that finds
 commands by run also names the instance, whose unique index
-``(instance_id, command_sequence)`` serves it.  ``admission db check --deep``
-checks the reference instead, as it checks the references no key declares.
+``(instance_id, command_sequence)`` serves it (tests/integration/test_command_plans.py).
+``admission db check --deep`` checks the reference instead, as it checks the
+references no key declares.
 On each admission that is one index entry and one lookup of the run fewer
 (on PostgreSQL also the share lock on the run's row), measured in
 docs/performance.md.
