@@ -115,6 +115,7 @@ from admission.receipts import (  # noqa: E402
 )
 from admission.receipts._service import RETRY_SHARE  # noqa: E402
 from admission.sql import (  # noqa: E402
+    SQLITE_WAL_AUTOCHECKPOINT,
     SqlStore,
     create_admission_engine,
     normalize_url,
@@ -316,13 +317,18 @@ class Subject:
         if self.backend == "sqlite":
             path = make_url(url).database
             assert path
-            # The durability and lock settings admission's engine uses; autocommit mode.
+            # The durability, lock and checkpoint settings admission's engine uses; autocommit mode.
+            # A connection with SQLite's own checkpoint interval would checkpoint the log for
+            # every connection on the file: each gets admission's.
+            checkpoint = f"wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}"
             self.raw = sqlite3.connect(path, timeout=30, isolation_level=None)
-            for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=30000"):
+            settings = ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=30000")
+            for pragma in (*settings, checkpoint):
                 self.raw.execute(f"PRAGMA {pragma}")
             self.raw_read = self.raw
             self.touch = sqlite3.connect(path, timeout=30, isolation_level=None)
-            self.touch.execute("PRAGMA synchronous=OFF")
+            for pragma in ("synchronous=OFF", checkpoint):
+                self.touch.execute(f"PRAGMA {pragma}")
         else:
             import psycopg
 

@@ -27,7 +27,7 @@ from admission.sql._engine import (
     DEFAULT_CONNECTIONS,
     DEFAULT_URL,
     SQLITE_BUSY_TIMEOUT_MS,
-    as_utc,
+    SQLITE_WAL_AUTOCHECKPOINT,
     async_url,
     constraint_name,
     create_admission_engine,
@@ -76,6 +76,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
+from admission.sql._times import as_utc
 from admission.sql._worker import SqlWorkerStore
 
 __all__ = [
@@ -95,6 +96,7 @@ __all__ = [
     "READ_CONNECTIONS",
     "REPLAN_AFTER",
     "SQLITE_BUSY_TIMEOUT_MS",
+    "SQLITE_WAL_AUTOCHECKPOINT",
     "VERSION_TABLE",
     "WRITE_CONNECTIONS",
     "AdoptionReport",

@@ -18,7 +18,6 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from sqlalchemy import Dialect, Engine, Table, create_engine, event
@@ -41,8 +40,8 @@ __all__ = [
     "DEFAULT_CONNECTIONS",
     "DEFAULT_URL",
     "SQLITE_BUSY_TIMEOUT_MS",
+    "SQLITE_WAL_AUTOCHECKPOINT",
     "WRITE_OPTION",
-    "as_utc",
     "async_url",
     "constraint_name",
     "create_admission_engine",
@@ -55,7 +54,6 @@ __all__ = [
     "normalize_url",
     "pause",
     "schema_of",
-    "utc_or_none",
     "wrap_exceptions",
 ]
 
@@ -64,6 +62,11 @@ DEFAULT_URL: Final = "sqlite:///admission.sqlite3"
 
 SQLITE_BUSY_TIMEOUT_MS: Final = 30_000
 """How long a SQLite writer waits for another's lock before it is refused as busy."""
+
+SQLITE_WAL_AUTOCHECKPOINT: Final = 10_000
+"""Pages of write-ahead log after which a SQLite commit copies the log into the database file
+(SQLite's default: 1,000).  Fewer, larger checkpoints copy a hot index page once for many commits
+that changed it; the log grows to about 40 MB with 4 KiB pages (docs/performance.md, "Checkpoints")."""
 
 WRITE_OPTION: Final = "admission_write"
 """The execution option that marks admission's own write transactions (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -142,9 +145,10 @@ def create_admission_engine(
     (a restart, a failover, a terminated session) is replaced, not used.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy
-    timeout, pooled connections, and admission's write transactions opened
-    with ``BEGIN IMMEDIATE`` so that the admission lock is taken before the
-    first read (a deferred transaction that upgrades to a write can fail
+    timeout, a checkpoint every :data:`SQLITE_WAL_AUTOCHECKPOINT` pages of
+    log, pooled connections, and admission's write transactions opened with
+    ``BEGIN IMMEDIATE`` so that the admission lock is taken before the first
+    read (a deferred transaction that upgrades to a write can fail
     instead of waiting).  Other transactions on the engine begin deferred.
     Each connection checks that its path still names the file it opened
     (``admission/sql/_sqlite_file.py``): a database file or ``-wal`` deleted,
@@ -412,9 +416,9 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
         # Not chained: an asyncio driver's cursor.execute returns the driver's own cursor.
         cursor.execute("PRAGMA journal_mode=WAL")
         (mode,) = cursor.fetchone()
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        for pragma in ("synchronous=FULL", "foreign_keys=ON", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+                       f"wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}"):  # fmt: skip
+            cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
         guarded = guarded_connection(dbapi_connection)
         if guarded is not None:
@@ -474,27 +478,6 @@ def insert_or_ignore(
         dialect_insert(table).values(dict(values)).on_conflict_do_nothing(index_elements=list(index_elements))
     )
     return int(connection.execute(statement).rowcount)
-
-
-def as_utc(value: datetime | str) -> datetime:
-    """A stored time as a timezone-aware UTC datetime.
-
-    SQLite hands back naive datetimes (text, when read through the driver
-    itself); they were written as UTC.
-    """
-    if isinstance(value, str):
-        try:
-            # The common case, a naive text: read as UTC in one parse (``replace`` costs
-            # several times the parse, on every receipt read).
-            return datetime.fromisoformat(value + "+00:00")
-        except ValueError:  # the text carries an offset of its own, or is no time
-            value = datetime.fromisoformat(value)
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def utc_or_none(value: datetime | str | None) -> datetime | None:
-    """:func:`as_utc` of a time that may be missing."""
-    return None if value is None else as_utc(value)
 
 
 # -- the driver-error boundary ------------------------------------------------------------------------

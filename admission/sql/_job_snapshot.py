@@ -41,13 +41,14 @@ from admission.jobs._store import (
     SnapshotJob,
     snapshot_order,
 )
-from admission.sql._engine import as_utc, is_postgresql, utc_or_none, wrap_exceptions
+from admission.sql._engine import is_postgresql, wrap_exceptions
 from admission.sql._schema import (
     worker_job_attempts,
     worker_job_checkpoints,
     worker_job_dependencies,
     worker_jobs,
 )
+from admission.sql._times import as_utc, utc_or_none
 
 __all__ = ["SnapshotReads", "assemble", "one_instant", "read_all", "read_snapshot"]
 

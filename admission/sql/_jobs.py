@@ -40,7 +40,6 @@ from admission.jobs._values import Checkpoint, JobEvent, JobView
 from admission.sql._engine import (
     DEFAULT_URL,
     WRITE_OPTION,
-    as_utc,
     create_admission_engine,
     insert_or_ignore,
     is_postgresql,
@@ -56,6 +55,7 @@ from admission.sql._schema import (
     worker_job_scopes,
     worker_jobs,
 )
+from admission.sql._times import as_utc
 
 __all__ = ["SqlJobStore"]
 

@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, InstanceRow, RunRow, UpdateRow
-from admission.sql._engine import as_utc, is_postgresql, utc_or_none
+from admission.sql._engine import is_postgresql
 from admission.sql._raw import BulkStatement, RawStatement
 from admission.sql._schema import (
     workflow_commands,
@@ -42,6 +42,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
+from admission.sql._times import as_utc, utc_or_none
 
 __all__ = [
     "COMMAND",

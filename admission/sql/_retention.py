@@ -27,7 +27,6 @@ from sqlalchemy import (
 )
 
 from admission.receipts._store import PruneCounts
-from admission.sql._engine import utc_or_none
 from admission.sql._schema import (
     workflow_commands,
     workflow_history_events,
@@ -35,6 +34,7 @@ from admission.sql._schema import (
     workflow_runs,
     workflow_updates,
 )
+from admission.sql._times import utc_or_none
 
 __all__ = ["delete_run_rows", "delete_runless_refusals", "expired_ends", "latest_time", "newest_time"]
 

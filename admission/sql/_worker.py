@@ -22,11 +22,9 @@ from admission.receipts._store import EventCursor
 from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._engine import (
     WRITE_OPTION,
-    as_utc,
     create_admission_engine,
     insert_or_ignore,
     is_postgresql,
-    utc_or_none,
     wrap_exceptions,
 )
 from admission.sql._raw import BulkInsert, BulkStatement
@@ -38,6 +36,7 @@ from admission.sql._schema import (
     worker_queues,
     worker_records,
 )
+from admission.sql._times import as_utc, utc_or_none
 from admission.worker._store import (
     RECORD_CHANGES,
     LeaseRow,

@@ -13,13 +13,13 @@ from sqlalchemy import Engine, select
 
 from admission.intent import canonical_encode
 from admission.jobs import Backoff, Job, JobService
-from admission.sql._engine import as_utc
 from admission.sql._schema import (
     worker_job_attempts,
     worker_job_checkpoints,
     worker_job_dependencies,
     worker_jobs,
 )
+from admission.sql._times import as_utc
 from admission.testing import MemoryPublisher
 from tests.support.jobkit import ManualClock, expire, jobs_on
 
