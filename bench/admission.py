@@ -115,7 +115,6 @@ from admission.receipts import (  # noqa: E402
 )
 from admission.receipts._service import RETRY_SHARE  # noqa: E402
 from admission.sql import (  # noqa: E402
-    SQLITE_WAL_AUTOCHECKPOINT,
     SqlStore,
     create_admission_engine,
     normalize_url,
@@ -123,6 +122,7 @@ from admission.sql import (  # noqa: E402
     workflow_commands,
     workflow_history_events,
 )
+from admission.sql._engine import SQLITE_PRAGMAS  # noqa: E402
 from bench import _bigdb, _pages  # noqa: E402
 from bench._bigdb import (  # noqa: E402
     COMMAND,
@@ -317,18 +317,17 @@ class Subject:
         if self.backend == "sqlite":
             path = make_url(url).database
             assert path
-            # The durability, lock and checkpoint settings admission's engine uses; autocommit mode.
-            # A connection with SQLite's own checkpoint interval would checkpoint the log for
-            # every connection on the file: each gets admission's.
-            checkpoint = f"wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}"
+            # The durability, lock and checkpoint settings admission's engine uses (its own list);
+            # autocommit mode.  A connection with SQLite's own checkpoint interval would checkpoint
+            # the log for every connection on the file, so the toucher takes them too, then
+            # switches its syncs off.
             self.raw = sqlite3.connect(path, timeout=30, isolation_level=None)
-            settings = ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=30000")
-            for pragma in (*settings, checkpoint):
-                self.raw.execute(f"PRAGMA {pragma}")
-            self.raw_read = self.raw
             self.touch = sqlite3.connect(path, timeout=30, isolation_level=None)
-            for pragma in ("synchronous=OFF", checkpoint):
+            for pragma in ("journal_mode=WAL", *SQLITE_PRAGMAS):
+                self.raw.execute(f"PRAGMA {pragma}")
                 self.touch.execute(f"PRAGMA {pragma}")
+            self.touch.execute("PRAGMA synchronous=OFF")
+            self.raw_read = self.raw
         else:
             import psycopg
 

@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_CONNECTIONS",
     "DEFAULT_URL",
     "SQLITE_BUSY_TIMEOUT_MS",
+    "SQLITE_PRAGMAS",
     "SQLITE_WAL_AUTOCHECKPOINT",
     "WRITE_OPTION",
     "async_url",
@@ -67,6 +68,14 @@ SQLITE_WAL_AUTOCHECKPOINT: Final = 10_000
 """Pages of write-ahead log after which a SQLite commit copies the log into the database file
 (SQLite's default: 1,000).  Fewer, larger checkpoints copy a hot index page once for many commits
 that changed it; the log grows to about 40 MB with 4 KiB pages (docs/performance.md, "Checkpoints")."""
+
+SQLITE_PRAGMAS: Final = (
+    "synchronous=FULL",
+    "foreign_keys=ON",
+    f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+    f"wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}",
+)
+"""What every connection of an admission engine on SQLite sets after ``journal_mode=WAL``."""
 
 WRITE_OPTION: Final = "admission_write"
 """The execution option that marks admission's own write transactions (``BEGIN IMMEDIATE`` on SQLite)."""
@@ -416,8 +425,7 @@ def _configured_engine(url: str, **kwargs: Any) -> Engine | AsyncEngine:
         # Not chained: an asyncio driver's cursor.execute returns the driver's own cursor.
         cursor.execute("PRAGMA journal_mode=WAL")
         (mode,) = cursor.fetchone()
-        for pragma in ("synchronous=FULL", "foreign_keys=ON", f"busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
-                       f"wal_autocheckpoint={SQLITE_WAL_AUTOCHECKPOINT}"):  # fmt: skip
+        for pragma in SQLITE_PRAGMAS:
             cursor.execute(f"PRAGMA {pragma}")
         cursor.close()
         guarded = guarded_connection(dbapi_connection)
