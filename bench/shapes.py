@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -59,11 +59,17 @@ from sqlalchemy import (  # noqa: E402
     select,
 )
 from sqlalchemy.dialects import postgresql  # noqa: E402
-from sqlalchemy.engine import Engine  # noqa: E402
+from sqlalchemy.engine import Engine, make_url  # noqa: E402
 
-from admission.intent import canonical_decode, canonical_encode, encode_intent  # noqa: E402
+from admission.intent import (  # noqa: E402
+    canonical_decode,
+    canonical_encode,
+    encode_intent,
+    receipt_token,
+)
 from admission.receipts import AdmissionService, BatchCommand  # noqa: E402
-from admission.receipts._answers import REFUSALS, command_payload, literal_key  # noqa: E402
+from admission.receipts._answers import REFUSALS, command_payload, context_of, literal_key  # noqa: E402
+from admission.receipts._service import time_ordered_id  # noqa: E402
 from admission.sql import create_admission_engine, normalize_url, upgrade  # noqa: E402
 from admission.sql._audit_queries import ADMISSION_EVENTS  # noqa: E402
 from admission.sql._receipt_queries import command_row  # noqa: E402
@@ -71,6 +77,7 @@ from admission.sql._receipts import SqlStore  # noqa: E402
 from admission.sql._schema import workflow_commands, workflow_history_events  # noqa: E402
 from admission.sql._times import as_utc, utc_or_none  # noqa: E402
 from bench._bigdb import COMMAND, NAMESPACE, command_arguments, fetch_all  # noqa: E402
+from bench._pages import sqlite_pages  # noqa: E402
 
 PER_INSTANCE = 100
 SPAN = 32  # instances per batch
@@ -391,6 +398,8 @@ class Measured:
     shape: Shape
     commands: float
     events: float
+    pages: tuple[float, float] | None = None
+    """SQLite: pages written to the log by one receipt's transaction and by a batch of 32."""
 
     @property
     def total(self) -> float:
@@ -449,6 +458,7 @@ def measure(url: str, receipts: int, chunk: int = 2000) -> tuple[list[Measured],
         codes = {w: i for i, w in enumerate(words)}
         own = _relation_sizes(engine, ["workflow_commands", "workflow_history_events"])
         receipt_tables = sum(own.values()) / count
+        fresh = None if postgres else _fresh_rows(commands, events, WRITES * (1 + BATCH))
         results = []
         for shape in shapes():
             metadata = MetaData()
@@ -467,13 +477,96 @@ def measure(url: str, receipts: int, chunk: int = 2000) -> tuple[list[Measured],
                     conn.execute(insert(shape_events), encoded)
             _check(engine, codec, shape_commands, shape_events, commands, events, by_id, namespace_of)
             sizes = _relation_sizes(engine, [shape_commands.name, shape_events.name])
-            results.append(
-                Measured(shape, sizes[shape_commands.name] / count, sizes[shape_events.name] / count)
-            )
+            pages = None
+            if not postgres:
+                pages = _pages_written(engine, url, codec, shape_commands, shape_events, fresh)
+            per_receipt = (sizes[shape_commands.name] / count, sizes[shape_events.name] / count)
+            results.append(Measured(shape, *per_receipt, pages))
             metadata.drop_all(engine)
         return results, count, receipt_tables
     finally:
         engine.dispose()
+
+
+WRITES = 20
+"""SQLite: transactions of each kind whose pages are counted, per shape."""
+BATCH = 32
+"""Receipts in a batch's transaction, over :data:`BATCH_INSTANCES` instances (as ``admit_many``'s)."""
+BATCH_INSTANCES = 16
+
+Fresh = list[tuple[dict[str, Any], dict[str, Any]]]
+
+
+def _fresh_rows(commands: Sequence[Mapping[str, Any]], events: Sequence[Mapping[str, Any]], n: int) -> Fresh:
+    """``n`` new receipts (command and admission event, stored columns) on
+    :data:`BATCH_INSTANCES` of the loaded instances, each after its instance's last, made from
+    that instance's last receipt with a new id, key, sequence and position."""
+    last: dict[str, Mapping[str, Any]] = {}
+    for row in commands:
+        if row["command_sequence"] >= last.get(row["instance_id"], row)["command_sequence"]:
+            last[row["instance_id"]] = row
+    spread = sorted(last)[:: max(1, len(last) // BATCH_INSTANCES)][:BATCH_INSTANCES]
+    template = {e["command_id"]: e for e in events if e["command_id"] is not None}
+    sequence = {i: last[i]["command_sequence"] for i in spread}
+    position = max(e["position"] for e in events)
+    now = dt.datetime.now(dt.UTC)
+    out: Fresh = []
+    for n_ in range(n):
+        instance = spread[n_ % len(spread)]
+        sequence[instance] += 1
+        position += 1
+        key = f"{instance}-fresh-{n_}"
+        command = {
+            **last[instance],
+            "id": time_ordered_id(),
+            "command_sequence": sequence[instance],
+            "request_id": receipt_token("signal", key),
+            "context": context_of(key),
+            "created_at": now,
+        }
+        event = {
+            **template[last[instance]["id"]],
+            "position": position,
+            "command_id": command["id"],
+            "payload": canonical_encode(command_payload(command_row(command), key)),
+            "recorded_at": now,
+        }
+        out.append((command, event))
+    return out
+
+
+def _pages_written(
+    engine: Engine, url: str, codec: Codec, shape_commands: Table, shape_events: Table, fresh: Fresh | None
+) -> tuple[float, float]:
+    """SQLite: pages one receipt's transaction and one batch's write to the log, in ``shape``'s
+    tables (:func:`bench._pages.sqlite_pages`, a checkpoint before each)."""
+    assert fresh is not None
+    rows = iter(fresh)
+
+    def write(count: int) -> Callable[[], None]:
+        def once() -> None:
+            taken = [next(rows) for _ in range(count)]
+            with engine.begin() as conn:
+                conn.execute(insert(shape_commands), [codec.encode_command(c) for c, _ in taken])
+                conn.execute(insert(shape_events), [codec.encode_event(e, c) for c, e in taken])
+
+        return once
+
+    path = make_url(url).database
+    assert path is not None
+    mine = (shape_commands.name, shape_events.name)
+    owned = _owned(engine, mine)
+    single = sum(v for k, v in sqlite_pages(path, write(1), WRITES).items() if k in owned)
+    batch = sum(v for k, v in sqlite_pages(path, write(BATCH), WRITES).items() if k in owned)
+    return single, batch
+
+
+def _owned(engine: Engine, tables: Sequence[str]) -> set[str]:
+    """The names of ``tables`` and of their indexes (SQLite)."""
+    with engine.connect() as conn:
+        marks = ", ".join("?" * len(tables))
+        query = f"SELECT name FROM sqlite_master WHERE tbl_name IN ({marks})"
+        return {str(name) for (name,) in conn.exec_driver_sql(query, tuple(tables))}
 
 
 def _check(
@@ -516,7 +609,11 @@ def _check(
 def report(results: Mapping[str, tuple[list[Measured], int, float]], markdown: bool) -> Iterator[str]:
     """The table of every shape on every backend measured."""
     backends = list(results)
-    header = ["shape", "what it changes", *(f"{b} bytes per receipt" for b in backends), "contract allows"]
+    paged = [b for b in backends if results[b][0][0].pages is not None]
+    header = [
+        "shape", "what it changes", *(f"{b} bytes per receipt" for b in backends),
+        *(f"{b} pages per receipt's transaction / per batch of {BATCH}" for b in paged), "contract allows",
+    ]  # fmt: skip
     rows = []
     first = {b: results[b][0][0].total for b in backends}
     for i, shape in enumerate(shapes()):
@@ -524,6 +621,9 @@ def report(results: Mapping[str, tuple[list[Measured], int, float]], markdown: b
         for b in backends:
             m = results[b][0][i]
             cells.append(f"{m.total:,.0f} ({m.commands:,.0f} + {m.events:,.0f}; {m.total / first[b]:.2f}x)")
+        for b in paged:
+            single, batch = results[b][0][i].pages or (0.0, 0.0)
+            cells.append(f"{single:.1f} / {batch:.1f}")
         cells.append(shape.allowed)
         rows.append(cells)
     if markdown:
