@@ -12,11 +12,16 @@ tables and indexes together.
 The shapes are cumulative: each keeps the changes of the ones above it.
 Each copy is read back and must give every stored value again (a shape that
 loses something is no shape of the same receipts): the ids, digests, codes
-and times their text, the admission event's ``v1`` payload rebuilt from its
-command row and what the row can lose (the literal key: releasing a key
+and times as their text, the admission event's ``v1`` payload rebuilt from
+its command row and what the row can lose (the literal key: releasing a key
 clears it from the row, docs/lifecycle.md). ``stored`` copies the head
 schema's columns as they are: the control, against which the copy's load
 order can be judged (the receipt tables themselves are reported beside it).
+
+On SQLite it also counts the pages new receipts put in the log when written
+straight into each shape's tables (the rows only, no admission logic): one
+receipt per transaction, and a batch of 32 over 16 instances per transaction
+(``bench/_pages.py``).
 
 Run it as ``python bench/shapes.py`` (a private PostgreSQL server is started
 unless ``--pg-url`` names a scratch database, or ``--backend sqlite``).
@@ -80,7 +85,7 @@ from bench._bigdb import COMMAND, NAMESPACE, command_arguments, fetch_all  # noq
 from bench._pages import sqlite_pages  # noqa: E402
 
 PER_INSTANCE = 100
-SPAN = 32  # instances per batch
+SPAN = 32  # commands per batch, each on the next instance
 
 
 @dataclass(frozen=True)
