@@ -37,10 +37,11 @@ from admission.sql import SqlStore, create_admission_engine, normalize_url
 from admission.sql._raw import RawStatement
 from admission.sql._receipt_queries import (
     COMMAND_FIELDS,
-    EVENT_KEYS,
     INSERT_COMMAND,
     INSERT_EVENT,
     INSERT_RUN,
+    STORED_EVENT_KEYS,
+    event_values,
     fields_of,
 )
 from admission.sql._schema import workflow_instances, workflow_runs
@@ -112,14 +113,16 @@ def generate(tag: str, k: int, receipts: int, service: AdmissionService) -> Chun
         if i == picked:
             assert answer.command_id is not None
             command_id = answer.command_id
-    # The store's tables are its whole content: exactly what the service wrote.
+    # The store's tables are its whole content: exactly what the service wrote, each event as
+    # the SQL store keeps it (an admission event's payload compact, admission/sql/_compact.py).
     tables = store._tables
     (instance,) = tables.instances.values()
+    commands = {c.id: c for c in tables.commands.values()}
     return Chunk(
         [fields_of(instance)],
         [fields_of(r) for r in tables.runs.values()],
         [fields_of(r) for r in tables.commands.values()],
-        [fields_of(r) for r in tables.events],
+        [event_values(e, commands.get(e.command_id or "")) for e in tables.events],
         [Instance(workflow, instance.id, run.run_id, receipts, f"{workflow}-{picked}", k * receipts + picked,
                   command_id)],
     )  # fmt: skip
@@ -227,7 +230,7 @@ class Loader:
             ),
             "runs": ("workflow_runs", RawStatement(INSERT_RUN, d, [c.name for c in workflow_runs.c])),
             "commands": ("workflow_commands", RawStatement(INSERT_COMMAND, d, COMMAND_FIELDS)),
-            "events": ("workflow_history_events", RawStatement(INSERT_EVENT[d.name], d, EVENT_KEYS)),
+            "events": ("workflow_history_events", RawStatement(INSERT_EVENT[d.name], d, STORED_EVENT_KEYS)),
         }
         # The floor's (commands, events) tables: (name, columns) each.
         (commands, command_columns), (events, event_columns) = floor

@@ -128,6 +128,7 @@ from bench._bigdb import (  # noqa: E402
     COMMAND,
     Instance,
     command_arguments,
+    fetch_all,
     pg_conninfo,
 )
 
@@ -264,7 +265,12 @@ class Subject:
         )
         self._context, self._arguments = row.context, row.arguments
         self._digests = (row.intent_digest, row.arguments_digest, row.intent_encoding)
-        self._payload = self.store.read_history(self.instance_ids[0])[-1].payload
+        # The payload as stored (an admission event's is compact, admission/sql/_compact.py).
+        stored = "SELECT payload FROM workflow_history_events WHERE command_id = " + (
+            "%s" if backend == "postgresql" else "?"
+        )
+        [[(payload,)]] = fetch_all(url, [(stored, [probe.command_id])])
+        self._payload = bytes(payload)
         self.payload_bytes = len(row.arguments or b"")
         # workflow, key, instance id, token, arguments
         self.retained: list[tuple[str, str, str, str, object]] = []

@@ -76,11 +76,15 @@ from admission.receipts import AdmissionService, BatchCommand  # noqa: E402
 from admission.receipts._answers import REFUSALS, command_payload, context_of, literal_key  # noqa: E402
 from admission.receipts._service import time_ordered_id  # noqa: E402
 from admission.sql import create_admission_engine, normalize_url, upgrade  # noqa: E402
-from admission.sql._audit_queries import ADMISSION_EVENTS  # noqa: E402
-from admission.sql._receipt_queries import command_row  # noqa: E402
+from admission.sql._compact import ADMISSION_EVENTS  # noqa: E402
+from admission.sql._receipt_queries import (  # noqa: E402
+    command_row,
+    event_row,
+    readable_events,
+)
 from admission.sql._receipts import SqlStore  # noqa: E402
 from admission.sql._schema import workflow_commands, workflow_history_events  # noqa: E402
-from admission.sql._times import as_utc, utc_or_none  # noqa: E402
+from admission.sql._times import as_utc  # noqa: E402
 from bench._bigdb import COMMAND, NAMESPACE, command_arguments, fetch_all  # noqa: E402
 from bench._pages import sqlite_pages  # noqa: E402
 
@@ -99,7 +103,7 @@ class Shape:
 
 
 _STEPS = (
-    ("stored", "the head schema's columns, as stored", "", "yes"),
+    ("stored", "the head schema's columns as stored (admission events compact: 0007)", "event", "yes"),
     (
         "instance",
         "an integer per instance in place of its UUID text, in the rows and indexes",
@@ -118,7 +122,6 @@ _STEPS = (
     ("codes", "type, scope, status, outcome, reason, encoding, event type as small integers", "codes", "yes"),
     ("times", "times as integer microseconds (PostgreSQL's were 8 bytes already)", "times", "yes"),
     ("context", "the literal key as text in place of its canonical map", "context", "yes"),
-    ("event", "the admission event's payload: only the literal key (the row holds the rest)", "event", "yes"),
     (
         "token",
         "the receipt token as its 32 bytes",
@@ -412,21 +415,16 @@ class Measured:
 
 
 def _stored(engine: Engine) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The stored commands' columns, and the events' as the store reads them (whole payloads)."""
     with engine.connect() as conn:
         commands = [
             dict(r)
             for r in conn.execute(select(workflow_commands).order_by(workflow_commands.c.id)).mappings()
         ]
-        events = [
-            dict(r)
-            for r in conn.execute(
-                select(workflow_history_events).order_by(workflow_history_events.c.position)
-            ).mappings()
-        ]
+        by_position = readable_events().order_by(workflow_history_events.c.position)
+        events = [vars(event_row(r)) for r in conn.execute(by_position).mappings()]
     for row in commands:
         row["created_at"] = as_utc(row["created_at"])
-    for row in events:
-        row["recorded_at"] = utc_or_none(row["recorded_at"])
     return commands, events
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "HistoryEvent",
     "PruneReport",
     "RunInfo",
+    "admission_payload",
     "ambiguous",
     "answer",
     "answer_judgement",
@@ -375,19 +376,45 @@ def answer(
 
 def command_payload(row: CommandRow, key: str | None) -> dict[str, object]:
     """The payload of the event that records a command's admission."""
+    return admission_payload(
+        row.command_type,
+        row.name,
+        row.command_sequence,
+        row.outcome,
+        row.target_scope,
+        key,
+        row.intent_digest,
+        row.requested_run_id,
+        row.rejection_reason,
+    )
+
+
+def admission_payload(
+    command_type: str,
+    name: str,
+    command_sequence: int,
+    outcome: str,
+    target_scope: str,
+    key: str | None,
+    intent_digest: str | None,
+    requested_run_id: str | None,
+    reason: str | None,
+) -> dict[str, object]:
+    """:func:`command_payload` from the command's columns: what a store that keeps the payload
+    compact rebuilds it from (``admission/sql/_compact.py``)."""
     payload: dict[str, object] = {
-        "command_type": row.command_type,
-        "name": row.name,
-        "command_sequence": row.command_sequence,
-        "outcome": row.outcome,
-        "target_scope": row.target_scope,
+        "command_type": command_type,
+        "name": name,
+        "command_sequence": command_sequence,
+        "outcome": outcome,
+        "target_scope": target_scope,
         "request_id": key,
-        "intent_digest": row.intent_digest,
+        "intent_digest": intent_digest,
     }
-    if row.requested_run_id is not None:
-        payload["requested_run_id"] = row.requested_run_id
-    if row.rejection_reason is not None:
-        payload["reason"] = row.rejection_reason
+    if requested_run_id is not None:
+        payload["requested_run_id"] = requested_run_id
+    if reason is not None:
+        payload["reason"] = reason
     return payload
 
 

@@ -61,6 +61,7 @@ FINDING_KINDS: Final = {
     "context_mismatch": "the context is not canonical, or the key in it does not give the stored token",
     "unknown_encoding": "the intent digest was made with an encoding this version does not know",
     "event_digest_mismatch": "the admission event records another intent digest than its command",
+    "event_key_mismatch": "a compact admission event does not hold its command's literal key alone",
     "missing_event": "a command, run, update or signal state has no event recording it",
     "duplicate_event": "a command has more than one admission event",
     "orphan_event": "an event names a command, update or run the store does not hold",
@@ -266,7 +267,10 @@ def _commands(conn: Connection, batch_size: int, found: _Collector) -> None:
             found.add(
                 "duplicate_event", table, key, f"another admission event at position {row.event_position}"
             )
-        if row.intent_digest is not None:
+        if row.event_compact:
+            # The rest of a compact payload is read from this row (admission/sql/_compact.py).
+            _verify_compact(row, key, found)
+        elif row.intent_digest is not None:
             recorded = _payload_field(row.event_payload, "intent_digest")
             if recorded != row.intent_digest:
                 found.add(
@@ -275,6 +279,40 @@ def _commands(conn: Connection, batch_size: int, found: _Collector) -> None:
                     key,
                     f"the event at position {row.event_position} records another intent digest",
                 )
+
+
+def _verify_compact(row: Any, key: dict[str, Any], found: _Collector) -> None:
+    """A compact payload holds the literal key alone (none for a command without one): the key
+    of the row's token while the row holds one (a released key is in the event only; whether
+    the context gives the token is the context check's)."""
+    try:
+        payload = bytes(row.event_payload or b"")
+        kept = canonical_decode(payload, max_size=max(len(payload), 1))
+    except AdmissionError:
+        return  # reported as not_canonical by the payload check
+    recorded = kept.get("request_id") if isinstance(kept, dict) else None
+    if (
+        not isinstance(kept, dict)
+        or set(kept) - {"request_id"}
+        or not isinstance(recorded, str | None)
+        or (row.request_id is not None and _token_of(row.command_type, recorded) != row.request_id)
+    ):
+        found.add(
+            "event_key_mismatch",
+            workflow_commands.name,
+            key,
+            f"the compact event at position {row.event_position} does not hold the command's key alone",
+        )
+
+
+def _token_of(command_type: str, key: str | None) -> str | None:
+    """The receipt token of ``key`` (``None`` for no key, or a key the token refuses)."""
+    if key is None:
+        return None
+    try:
+        return receipt_token(command_type, key)
+    except AdmissionError:
+        return None  # its message would quote the key
 
 
 def _payload_field(payload: bytes | None, name: str) -> object:

@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 
 from admission.receipts._answers import REFUSALS
+from admission.sql._compact import ADMISSION_EVENTS
 from admission.sql._schema import (
     metadata,
     worker_events,
@@ -62,8 +63,6 @@ __all__ = [
     "stored_bytes",
 ]
 
-ADMISSION_EVENTS: Final = ("SignalReceived", "UpdateAccepted", "CommandRejected")
-"""The event each command is admitted with (``receipts._lifecycle.admitted``): exactly one per command."""
 
 _c = workflow_commands.c
 _e = workflow_history_events.c
@@ -98,6 +97,7 @@ COMMANDS_WITH_EVENTS: Final = (
         _c.intent_encoding,
         _admission_event.c.position.label("event_position"),
         stored_bytes(_admission_event.c.payload).label("event_payload"),
+        _admission_event.c.compact_payload.label("event_compact"),
     )
     .select_from(
         workflow_commands.outerjoin(

@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from admission.errors import EventLogMovedError, StateError
 from admission.receipts._store import EventCursor, EventRow
 from admission.sql._engine import is_postgresql, wrap_exceptions
-from admission.sql._receipt_queries import event_row
+from admission.sql._receipt_queries import event_row, readable_events
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     outbox_cursors,
@@ -45,7 +45,7 @@ _NEXT_TX_ID = func.txid_snapshot_xmax(_SNAPSHOT)
 _OLDEST_RUNNING = func.txid_snapshot_xmin(_SNAPSHOT)
 
 _PAGE = (
-    select(_events)
+    readable_events()
     .where(
         tuple_(_events.c.tx_id, _events.c.position)
         > tuple_(bindparam("after_tx_id"), bindparam("after_position")),

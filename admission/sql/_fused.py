@@ -57,7 +57,14 @@ from admission.receipts._store import CommandRow, EventRow, UpdateRow
 from admission.sql._engine import is_unique_violation
 from admission.sql._greenlet import wait
 from admission.sql._raw import RawStatement
-from admission.sql._receipt_queries import COMMAND_FIELDS, EVENT_KEYS, INSTANCE_COLUMNS, REQUEST_INDEX, TEXTS
+from admission.sql._receipt_queries import (
+    COMMAND_FIELDS,
+    INSTANCE_COLUMNS,
+    REQUEST_INDEX,
+    STORED_EVENT_KEYS,
+    TEXTS,
+    event_values,
+)
 from admission.sql._schema import (
     workflow_commands,
     workflow_history_events,
@@ -110,14 +117,10 @@ def _fused(with_update: bool) -> Select[Any]:
         return cast(bindparam(f"{prefix}{name}", type_=column_type), target)
 
     events = workflow_history_events
+    logged = select(*(typed(events, "e_", name) for name in STORED_EVENT_KEYS), func.txid_current())
     event = (
         insert(events)
-        .from_select(
-            [*EVENT_KEYS, "tx_id"],
-            select(*(typed(events, "e_", name) for name in EVENT_KEYS), func.txid_current()).select_from(
-                command
-            ),
-        )
+        .from_select([*STORED_EVENT_KEYS, "tx_id"], logged.select_from(command))
         .returning(events.c.position, events.c.tx_id)
         .cte("e")
     )
@@ -172,11 +175,11 @@ def _batch_rows(with_updates: bool) -> Insert:
         return select(*(given.c[n] for n in names)).order_by(given.c.n)
 
     events = workflow_history_events
-    logged = rows_of(events, EVENT_KEYS, "e_", "ke").add_columns(func.txid_current())
+    logged = rows_of(events, STORED_EVENT_KEYS, "e_", "ke").add_columns(func.txid_current())
     many = (
         insert(workflow_commands)
         .from_select(list(COMMAND_FIELDS), rows_of(workflow_commands, COMMAND_FIELDS, "c_", "kc"))
-        .add_cte(insert(events).from_select([*EVENT_KEYS, "tx_id"], logged).cte("e"))
+        .add_cte(insert(events).from_select([*STORED_EVENT_KEYS, "tx_id"], logged).cte("e"))
     )
     if with_updates:
         names = [c.name for c in workflow_updates.c]
@@ -213,15 +216,15 @@ class FusedStatements:
         committed and the transaction failed, if the receipt index held a command's key
         (see :meth:`~admission.receipts.LockedInstance.insert_admitted_many`)."""
         params: dict[str, list[Any]] = {f"c_{name}s": [] for name in COMMAND_FIELDS}
-        params.update((f"e_{name}s", []) for name in EVENT_KEYS)
+        params.update((f"e_{name}s", []) for name in STORED_EVENT_KEYS)
         columns = [params[f"c_{name}s"] for name in COMMAND_FIELDS]
-        logged = [(params[f"e_{name}s"], name) for name in EVENT_KEYS]
+        logged = [params[f"e_{name}s"] for name in STORED_EVENT_KEYS]
         updates = []
         for command, update, event in admitted:
             for column, value in zip(columns, vars(command).values(), strict=True):
                 column.append(value)
-            for column, name in logged:
-                column.append(getattr(event, name))
+            for column, value in zip(logged, event_values(event, command).values(), strict=True):
+                column.append(value)
             if update is not None:
                 updates.append(vars(update))
         if updates:
@@ -250,7 +253,7 @@ class FusedStatements:
         command, update, event = rows
         params = {f"c_{name}": value for name, value in vars(command).items()}
         # The event's position and tx_id are the database's.
-        params.update((f"e_{name}", getattr(event, name)) for name in EVENT_KEYS)
+        params.update((f"e_{name}", value) for name, value in event_values(event, command).items())
         statement = self.signal
         if update is not None:
             params.update((f"u_{name}", value) for name, value in vars(update).items())

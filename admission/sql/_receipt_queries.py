@@ -33,6 +33,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, InstanceRow, RunRow, UpdateRow
+from admission.sql._compact import COMMAND_COLUMNS, rebuilt, stored_payload
 from admission.sql._engine import is_postgresql
 from admission.sql._raw import BulkStatement, RawStatement
 from admission.sql._schema import (
@@ -47,12 +48,14 @@ from admission.sql._times import as_utc, utc_or_none
 __all__ = [
     "COMMAND",
     "COMMAND_FIELDS",
+    "EVENT_KEYS",
     "INSERT_COMMAND",
     "INSERT_RUN",
     "INSERT_UPDATE",
     "INSTANCE_COLUMNS",
     "PENDING",
     "RUN",
+    "STORED_EVENT_KEYS",
     "TEXTS",
     "UPDATE",
     "UPDATE_OF_COMMAND",
@@ -61,10 +64,12 @@ __all__ = [
     "command_row",
     "current_run_row",
     "event_row",
+    "event_values",
     "fields_of",
     "instance_row",
     "key_values",
     "optional_update_row",
+    "readable_events",
     "receipt_order",
     "receipt_pairs",
     "receipt_reads",
@@ -148,7 +153,11 @@ def update_row(row: Mapping[Any, Any]) -> UpdateRow:
 
 
 def event_row(row: Mapping[Any, Any]) -> EventRow:
-    """An event from a row of ``workflow_history_events``."""
+    """An event from a row of ``workflow_history_events`` read by :func:`readable_events` (a
+    compact payload made whole from its command's columns, ``admission/sql/_compact.py``)."""
+    payload = bytes(row["payload"])
+    if row.get("compact_payload"):
+        payload = rebuilt(payload, {name: row[f"c_{name}"] for name in COMMAND_COLUMNS}, row["position"])
     return EventRow(
         row["namespace"],
         row["instance_id"],
@@ -156,11 +165,29 @@ def event_row(row: Mapping[Any, Any]) -> EventRow:
         row["event_type"],
         row["command_id"],
         row["update_id"],
-        bytes(row["payload"]),
+        payload,
         as_utc(row["recorded_at"]),
         row["position"],
         row["tx_id"],
     )
+
+
+def readable_events() -> Select[Any]:
+    """Events with what :func:`event_row` needs: for a compact payload, its command's columns."""
+    events, commands = workflow_history_events, workflow_commands
+    # Joined only for a compact payload: any other event reads no command.
+    joined = and_(events.c.compact_payload.is_(True), commands.c.id == events.c.command_id)
+    return select(events, *(commands.c[name].label(f"c_{name}") for name in COMMAND_COLUMNS)).select_from(
+        events.outerjoin(commands, joined)
+    )
+
+
+def event_values(event: EventRow, command: CommandRow | None) -> dict[str, Any]:
+    """The columns :data:`STORED_EVENT_KEYS` of ``event``: its payload compact when it is
+    ``command``'s admission event and rebuilds exactly (``admission/sql/_compact.py``)."""
+    values = {name: getattr(event, name) for name in EVENT_KEYS}
+    values["payload"], values["compact_payload"] = stored_payload(event, command)
+    return values
 
 
 def fields_of(row: object) -> dict[str, Any]:
@@ -436,7 +463,12 @@ def optional_update_row(row: Mapping[Any, Any]) -> UpdateRow | None:
 
 
 UPDATE_FIELDS: Final = tuple(f.name for f in fields(UpdateRow))
-EVENT_KEYS: Final = tuple(c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id"))
+EVENT_KEYS: Final = tuple(
+    c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id", "compact_payload")
+)
+"""An :class:`EventRow`'s columns the store writes (the position and ``tx_id`` are the database's)."""
+STORED_EVENT_KEYS: Final = (*EVENT_KEYS, "compact_payload")
+"""The columns an event's insert takes (:func:`event_values`)."""
 
 
 CHUNK: Final = 64
@@ -522,7 +554,7 @@ class ReceiptStatements:
         self.receipts = RawStatement(RECEIPTS, dialect)
         self.signal_receipts = RawStatement(SIGNAL_RECEIPTS, dialect)
         self.insert_keyed_command = RawStatement(INSERT_KEYED_COMMAND[name], dialect, COMMAND_FIELDS)
-        self.insert_event = RawStatement(INSERT_EVENT[name], dialect, EVENT_KEYS)
+        self.insert_event = RawStatement(INSERT_EVENT[name], dialect, STORED_EVENT_KEYS)
         self.batch = AdmittedRows(dialect, name)
 
 
@@ -537,7 +569,7 @@ class AdmittedRows:
     def __init__(self, dialect: Dialect, name: str) -> None:
         self._commands = BulkStatement(_ADMITTED_COMMAND[name], dialect, COMMAND_FIELDS)
         self._updates = BulkStatement(INSERT_UPDATE, dialect, UPDATE_FIELDS)
-        self._events = BulkStatement(_LOGGED_EVENT[name], dialect, EVENT_KEYS)
+        self._events = BulkStatement(_LOGGED_EVENT[name], dialect, STORED_EVENT_KEYS)
 
     def insert(
         self, connection: Connection, admitted: Sequence[tuple[CommandRow, UpdateRow | None, EventRow]]
@@ -549,5 +581,5 @@ class AdmittedRows:
         if self._commands.execute(connection, commands) != len(commands):
             return False
         self._updates.execute(connection, [vars(update) for _, update, _ in admitted if update is not None])
-        self._events.execute(connection, [vars(event) for _, _, event in admitted])
+        self._events.execute(connection, [event_values(event, command) for command, _, event in admitted])
         return True

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 
 from admission.receipts._store import EventCursor, EventRow, InstanceRow, PruneTarget
 from admission.sql._event_log import read_after
-from admission.sql._receipt_queries import event_row, instance_row
+from admission.sql._receipt_queries import event_row, instance_row, readable_events
 from admission.sql._retention import expired_ends, newest_time
 from admission.sql._schema import workflow_commands, workflow_history_events, workflow_instances
 
@@ -47,7 +47,7 @@ class ReceiptReads:
         with self._read() as conn:
             rows = (
                 conn.execute(
-                    select(workflow_history_events)
+                    readable_events()
                     .where(workflow_history_events.c.instance_id == instance_id)
                     .order_by(workflow_history_events.c.position)
                 )
@@ -97,7 +97,7 @@ class ReceiptReads:
             with self._read() as conn:
                 return read_after(conn, after, limit)
         events = workflow_history_events
-        query = select(events).where(events.c.position > after.position).order_by(events.c.position)
+        query = readable_events().where(events.c.position > after.position).order_by(events.c.position)
         with self._read() as conn:
             rows = conn.execute(query.limit(limit)).mappings().all()
         return [event_row(r) for r in rows]

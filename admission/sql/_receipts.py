@@ -31,7 +31,6 @@ from admission.receipts._store import (
     PruneCounts,
     RunRow,
     UpdateRow,
-    insert_stepwise,
 )
 from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._connections import USES, budget_of, kept_for, replan_due
@@ -59,6 +58,7 @@ from admission.sql._receipt_queries import (
     command_of_columns,
     command_row,
     current_run_row,
+    event_values,
     fields_of,
     instance_row,
     key_values,
@@ -70,18 +70,9 @@ from admission.sql._receipt_queries import (
 )
 from admission.sql._receipt_reads import ReceiptReads
 from admission.sql._replica import REPLICA_RETRY_SECONDS, ReadReplica, ReplicaCounts, replica_engine
-from admission.sql._retention import (
-    delete_run_rows,
-    delete_runless_refusals,
-    latest_time,
-)
+from admission.sql._retention import delete_run_rows, delete_runless_refusals, latest_time
 from admission.sql._revisions import check_revision
-from admission.sql._schema import (
-    workflow_commands,
-    workflow_instances,
-    workflow_runs,
-    workflow_updates,
-)
+from admission.sql._schema import workflow_commands, workflow_instances, workflow_runs, workflow_updates
 from admission.sql._sqlite_file import verify_file
 from admission.sql._wire import forget_prepared, read_tuples, wire_ready
 
@@ -187,7 +178,12 @@ class _SqlLocked:
         self, command: CommandRow, update: UpdateRow | None, event: EventRow, *, last: bool = False
     ) -> bool:
         if self._fused is None:
-            return insert_stepwise(self, command, update, event)
+            if not self.insert_command(command):
+                return False
+            if update is not None:
+                self.insert_update(update)
+            self._append(event, command)  # beside its command: its payload may be kept compact
+            return True
         # PostgreSQL: one statement, and COMMIT with it when the transaction is the store's own.
         dbapi = self._conn.connection.dbapi_connection
         commit = last and self._commits
@@ -276,11 +272,12 @@ class _SqlLocked:
         return latest_time(self._conn, self._instance.id, run_ids)
 
     def append_event(self, event_row: EventRow) -> EventRow:
-        values = fields_of(event_row)
-        del values["position"], values["tx_id"]
+        return self._append(event_row, None)
+
+    def _append(self, event_row: EventRow, command: CommandRow | None) -> EventRow:
         # On PostgreSQL tx_id is txid_current(): readers use it to never pass
         # an event that commits later (docs/event-log.md).
-        (row,) = self._raw.insert_event.rows(self._cursor, values)
+        (row,) = self._raw.insert_event.rows(self._cursor, event_values(event_row, command))
         return EventRow(**{**fields_of(event_row), "position": row["position"], "tx_id": row["tx_id"]})
 
 

@@ -1,6 +1,6 @@
 """Where admission keeps its schema revision, and the check every store makes.
 
-admission's alembic revisions are ``admission_0001`` to ``admission_0006``
+admission's alembic revisions are ``admission_0001`` to ``admission_0007``
 under the branch label ``admission``, stamped in a version table of its own,
 ``admission_alembic_version``: a host engine that runs its own alembic on the
 same database keeps its ``alembic_version`` to itself (docs/upgrading.md).
@@ -68,6 +68,7 @@ KNOWN_REVISIONS: Final = (
     "admission_0004",
     "admission_0005",
     "admission_0006",
+    "admission_0007",
 )
 """Every revision admission has shipped, oldest first."""
 

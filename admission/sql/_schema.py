@@ -9,8 +9,9 @@ databases have), ``0002`` (the intent columns, DDL only), ``0003`` (the
 durable worker's tables and the outbox cursors, plus the fencing trigger on
 ``worker_records`` that refuses a write carrying a stale lease token) and
 ``0004`` (the durable job tables ``worker_job*``, worker contract §4;
-docs/jobs.md), ``0005`` (``worker_jobs.not_before``, a retry's backoff) and ``0006``
-(``workflow_commands`` without its foreign key to its run, and the index by run).  This module
+docs/jobs.md), ``0005`` (``worker_jobs.not_before``, a retry's backoff), ``0006``
+(``workflow_commands`` without its foreign key to its run, and the index by run) and ``0007``
+(``workflow_history_events.compact_payload``: admission events kept compact).  This module
 declares the head; a test proves ``upgrade head`` produces exactly it.
 
 Values stored as bytes (arguments, results, contexts, event payloads) are in
@@ -169,6 +170,9 @@ workflow_history_events = Table(
     Column("update_id", String(bounds.ID), nullable=True),
     Column("payload", LargeBinary, nullable=False),
     Column("recorded_at", _Time, nullable=False),
+    # Revision 0007: true when the payload keeps only what the command's row may lose (its
+    # literal key) and readers rebuild the rest from the row (admission/sql/_compact.py).
+    Column("compact_payload", Boolean, nullable=True),
     Index(None, "instance_id", "position"),
     Index(None, "tx_id", "position"),
     # Positions are never reused, even after pruning the newest events.

@@ -168,7 +168,8 @@ def test_adopt_changes_only_the_declared_delta_and_the_store_answers_a_legacy_ke
 
     after = snapshot(engine)
     assert diff_snapshots(adopted_delta(before, fresh_head), after) == []
-    # Said as the raw difference: the new tables aside, only workflow_commands and the stamp.
+    # Said as the raw difference: the new tables aside, only workflow_commands, the event log's new
+    # column and the stamp.
     lines = [
         line
         for line in diff_snapshots(before, after)
@@ -177,11 +178,18 @@ def test_adopt_changes_only_the_declared_delta_and_the_store_answers_a_legacy_ke
         )
     ]
     commands = len(before["tables"]["workflow_commands"]["rows"])
-    # 0002's columns, the column order, their values in every row; 0006's key and index; the stamp.
-    assert len(lines) == len(NEW_COLUMNS) + 1 + len(NEW_COLUMNS) * commands + 2 + 1, "\n".join(lines)
-    assert all(
-        line.startswith(("tables.workflow_commands.", f"tables.{VERSION_TABLE}: added")) for line in lines
-    ), "\n".join(lines)
+    events = len(before["tables"]["workflow_history_events"]["rows"])
+    # 0002's columns, the column order, their values in every row; 0006's key and index; 0007's
+    # column, the column order, its value in every row; the stamp.
+    expected = len(NEW_COLUMNS) + 1 + len(NEW_COLUMNS) * commands + 2 + 1 + 1 + events + 1
+    assert len(lines) == expected, "\n".join(lines)
+    touched = (
+        "tables.workflow_commands.",
+        "tables.workflow_history_events.",
+        f"tables.{VERSION_TABLE}: added",
+    )
+    assert all(line.startswith(touched) for line in lines), "\n".join(lines)
+    assert all("compact_payload" in line for line in lines if line.startswith(touched[1])), "\n".join(lines)
     assert after["tables"][VERSION_TABLE]["rows"] == [{"version_num": HEAD_REVISION}]
     assert scratch_schemas(engine) == []
 

@@ -27,17 +27,17 @@ def test_every_shape_reads_back_the_receipts_in_fewer_bytes(db_url: str) -> None
     assert 0.8 * own < stored.total < 1.2 * own, (stored.total, own)
     for measured in results:
         assert 0 < measured.total <= stored.total * 1.02, measured
-    # Dropping what the row holds from the event, and the token's hex, each save bytes.
+    # Instance numbers, and the token's bytes, each save bytes.
     by_name = {m.shape.name: m for m in results}
-    assert by_name["event"].events < by_name["context"].events
-    assert by_name["token"].commands < by_name["event"].commands
+    assert by_name["instance"].total < stored.total
+    assert by_name["token"].commands < by_name["context"].commands
     assert by_name["token"].shape.allowed.startswith("no")
     # SQLite: the pages a transaction writes to the log, counted from its frames. Narrower index
     # entries split leaves less often, so a batch of 32 writes fewer pages.
     if db_url.startswith("sqlite"):
         single, batch = by_name["stored"].pages or (0.0, 0.0)
         assert 1 <= single < batch, (single, batch)
-        assert (by_name["event"].pages or (0.0, batch))[1] < batch
+        assert (by_name["context"].pages or (0.0, batch))[1] < batch
     else:
         assert all(m.pages is None for m in results)
 

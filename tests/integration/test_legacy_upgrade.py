@@ -33,7 +33,7 @@ from admission.sql import HEAD_REVISION, VERSION_TABLE, SqlStore, create_admissi
 from admission.sql._revisions import version_table_of
 from tests.support.backends import SQL_BACKENDS, PostgresPool, database_url
 from tests.support.processes import admission_cli as cli
-from tests.support.snapshot import diff_snapshots, snapshot, without_command_run_key
+from tests.support.snapshot import diff_snapshots, snapshot, with_compact_payloads, without_command_run_key
 from tools.legacy_fixtures import LegacyCase, LegacyManifest, build_legacy_database
 
 # Long: CI runs it in its step of extra tests (ADMISSION_TEST_SET=extra, .ci/run).
@@ -85,7 +85,8 @@ def engine(legacy: tuple[str, LegacyManifest]) -> Iterator[Engine]:
 
 def declared_delta(before: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:
     """``before`` with exactly the declared changes applied: what ``after`` must equal."""
-    expected = without_command_run_key(before)  # revision 0006: every row as it was
+    # Revision 0006: every row as it was; 0007: one nullable column on the event log.
+    expected = with_compact_payloads(without_command_run_key(before), head)
     for name in NEW_TABLES:
         assert name not in expected["tables"] and head["tables"][name]["rows"] == []
         expected["tables"][name] = head["tables"][name]
@@ -130,7 +131,8 @@ def test_cli_upgrade_changes_only_the_declared_delta(
     after = snapshot(engine)
     assert diff_snapshots(declared_delta(before, fresh_head), after) == []
 
-    # The same, said as the raw difference: only workflow_commands and the stamp, and only so much.
+    # The same, said as the raw difference: only workflow_commands, the event log's new column
+    # and the stamp, and only so much.
     lines = [
         line
         for line in diff_snapshots(before, after)
@@ -139,12 +141,15 @@ def test_cli_upgrade_changes_only_the_declared_delta(
         )
     ]
     commands = len(before["tables"]["workflow_commands"]["rows"])
-    # 0002's three columns, the column order, three values a row; 0006's key and index; the stamp.
-    assert len(lines) == 3 + 1 + 3 * commands + 2 + 2, "\n".join(lines)
+    events = len(before["tables"]["workflow_history_events"]["rows"])
+    # 0002's three columns, the column order, three values a row; 0006's key and index; 0007's
+    # column, the column order, a value a row; the stamp.
+    assert len(lines) == 3 + 1 + 3 * commands + 2 + 1 + 1 + events + 2, "\n".join(lines)
     assert all(
         line.startswith(
             (
                 "tables.workflow_commands.",
+                "tables.workflow_history_events.",
                 "tables.alembic_version: removed",
                 "tables.admission_alembic_version: added",
             )

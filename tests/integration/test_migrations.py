@@ -6,6 +6,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -38,11 +39,11 @@ def fresh_engine(backend: str, pool: PostgresPool, tmp_path: Path):  # type: ign
     return create_admission_engine(database_url(backend, pool, tmp_path, migrated=False))
 
 
-def test_revisions_are_0001_to_0006_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
+def test_revisions_are_0001_to_0007_and_head_is_what_the_code_reads(tmp_path: Path) -> None:
     engine = create_admission_engine(f"sqlite:///{tmp_path / 'x.sqlite3'}")
     script = ScriptDirectory.from_config(alembic_config(engine))
     chain = [rev.revision for rev in reversed(list(script.walk_revisions()))]
-    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 7)]
+    assert chain == list(KNOWN_REVISIONS) == [f"admission_000{n}" for n in range(1, 8)]
     assert script.get_current_head() == HEAD_REVISION
 
 
@@ -171,7 +172,7 @@ def test_an_unknown_target_revision_is_refused_as_input_and_changes_nothing(
 
 
 def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_changes(
-    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path, fresh_head: dict[str, Any]
 ) -> None:
     from sqlalchemy import text
 
@@ -179,13 +180,19 @@ def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_c
     from admission.receipts import AdmissionService
     from admission.sql import SqlStore, check_revision
     from admission.sql._revisions import HOST_VERSION_TABLE, version_table_of
-    from tests.support.snapshot import diff_snapshots, snapshot, without_command_run_key
+    from tests.support.snapshot import (
+        diff_snapshots,
+        snapshot,
+        with_compact_payloads,
+        without_command_run_key,
+    )
 
     engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
-    upgrade(engine, "0004")  # the head of the builds that stamped alembic_version
-    service = AdmissionService(SqlStore(engine, check=False))
+    upgrade(engine)
+    service = AdmissionService(SqlStore(engine))
     service.start_run("ns", "wf")
     first = service.admit_signal("ns", "wf", "go", [1], request_id="k")
+    downgrade(engine, "0004")  # the head of the builds that stamped alembic_version
     # As an earlier build at 0004 left it: the stamp in alembic_version, under the old id.
     with engine.begin() as conn:
         version_table_of(VERSION_TABLE).drop(conn)
@@ -202,7 +209,8 @@ def test_a_stamp_an_earlier_build_left_at_the_head_moves_once_and_nothing_else_c
     jobs = after["tables"]["worker_jobs"]  # revision 0005's column, on a table with no rows
     del jobs["columns"]["not_before"]
     jobs["column_order"].remove("not_before")
-    assert diff_snapshots(without_command_run_key(before), after) == []  # and revision 0006's
+    # And revisions 0006's and 0007's.
+    assert diff_snapshots(with_compact_payloads(without_command_run_key(before), fresh_head), after) == []
     moved = snapshot(engine)
     assert upgrade(engine) == HEAD_REVISION  # once: a second upgrade finds nothing to move
     assert diff_snapshots(moved, snapshot(engine)) == []
@@ -263,14 +271,19 @@ def test_0005_adds_not_before_leaving_every_job_as_it_was_and_its_downgrade_drop
 
 
 def test_0006_drops_only_the_commands_key_to_their_run_and_its_index_and_downgrade_puts_them_back(
-    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path, fresh_head: dict[str, Any]
 ) -> None:
     from sqlalchemy import text
 
     from admission.errors import StorageError
     from admission.receipts import AdmissionService
     from admission.sql import SqlStore, audit
-    from tests.support.snapshot import diff_snapshots, snapshot, without_command_run_key
+    from tests.support.snapshot import (
+        diff_snapshots,
+        snapshot,
+        with_compact_payloads,
+        without_command_run_key,
+    )
 
     engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
     assert upgrade(engine) == HEAD_REVISION
@@ -293,7 +306,8 @@ def test_0006_drops_only_the_commands_key_to_their_run_and_its_index_and_downgra
     at_head = snapshot(engine)
     at_0005["tables"][VERSION_TABLE]["rows"] = [{"version_num": HEAD_REVISION}]
     # Every row (the receipts above, the update pointing at its command) and every other element as it was.
-    assert diff_snapshots(without_command_run_key(at_0005), at_head) == []
+    # (and 0007's column: the payloads its downgrade made whole stay whole)
+    assert diff_snapshots(with_compact_payloads(without_command_run_key(at_0005), fresh_head), at_head) == []
     assert audit(engine).ok
     again = AdmissionService(SqlStore(engine))
     assert again.admit_signal("ns", "wf", "go", [1], request_id="k").command_id == first.command_id
@@ -312,4 +326,60 @@ def test_0006_drops_only_the_commands_key_to_their_run_and_its_index_and_downgra
     with pytest.raises(StorageError, match=r"foreign keys|fk_workflow_commands_run_id_workflow_runs"):
         downgrade(engine, "0005")
     assert diff_snapshots(kept, snapshot(engine)) == []
+    engine.dispose()
+
+
+def test_0007_s_downgrade_makes_every_compact_payload_whole_and_is_refused_without_a_command(
+    sql_backend: str, postgres_pool: PostgresPool, tmp_path: Path
+) -> None:
+    from sqlalchemy import text
+
+    from admission.receipts import AdmissionService
+    from admission.sql import SqlStore, audit
+    from tests.support.snapshot import diff_snapshots, snapshot
+
+    engine = fresh_engine(sql_backend, postgres_pool, tmp_path)
+    assert upgrade(engine) == HEAD_REVISION
+    store = SqlStore(engine)
+    service = AdmissionService(store)
+    run = service.start_run("ns", "wf")
+    service.admit_signal("ns", "wf", "go", [1], request_id="k")
+    service.admit_signal("ns", "wf", "go", [2])  # no key
+    accepted = service.admit_update("ns", "wf", "set", {"x": 1}, request_id="u", run_id=run.run_id)
+    assert accepted.update_id is not None
+    service.release_update("ns", "wf", accepted.update_id, failure="boom")  # the row forgets "u"
+    service.close_run("ns", "wf", "completed")  # the pending signals' rows get a reason
+    refused = service.admit_signal("ns", "wf", "go", [3], request_id="late")  # no open run
+    instance = store.find_instance("ns", "wf")
+    assert instance is not None
+    read = [(e.position, e.payload) for e in store.read_history(instance.id)]
+
+    def stored() -> list[tuple[int, bytes]]:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text("SELECT position, payload FROM workflow_history_events ORDER BY position")
+            )
+            return [(int(p), bytes(b)) for p, b in rows]
+
+    assert stored() != read  # four admission events kept compact
+    assert downgrade(engine, "0006") == "admission_0006"
+    with engine.connect() as conn:
+        assert "compact_payload" not in {
+            c["name"] for c in inspect(conn).get_columns("workflow_history_events")
+        }
+    assert stored() == read  # each whole again, as the store read it
+    assert upgrade(engine) == HEAD_REVISION
+    assert [(e.position, e.payload) for e in store.read_history(instance.id)] == read
+    assert audit(engine).ok
+
+    # A compact event whose command is gone cannot be made whole: refused, nothing changed.
+    again = service.admit_signal("ns", "wf", "go", [4], request_id="after")
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM workflow_commands WHERE id = :id"), {"id": again.command_id})
+    kept = snapshot(engine)
+    with pytest.raises(Exception, match="no command row to make their payloads whole from"):
+        downgrade(engine, "0006")
+    assert diff_snapshots(kept, snapshot(engine)) == []
+    assert refused.command_id is not None
+    store.dispose()
     engine.dispose()

@@ -202,7 +202,7 @@ def test_the_printed_sql_starts_at_the_revision_read_from_the_database(
     read = {"empty": "no revision", "legacy": "admission_0001"}.get(start, f"admission_{start}")
     assert first.startswith("-- admission db upgrade") and f"from {read} (read from the database)" in first
     ran = [line for line in sql.splitlines() if line.startswith("-- Running upgrade ")]
-    steps = {"empty": 6, "0001": 5, "legacy": 5, "0002": 4, "0004": 2}[start]
+    steps = {"empty": 7, "0001": 6, "legacy": 6, "0002": 5, "0004": 3}[start]
     assert len(ran) == steps and ran[-1].endswith(f"-> {HEAD_REVISION}")
     # Moving a legacy stamp is part of the script, before the first revision, as online.
     moved = "DROP TABLE alembic_version"
@@ -224,6 +224,8 @@ def test_the_printed_sql_starts_at_the_revision_read_from_the_database(
     else:
         dropped = "ALTER TABLE workflow_commands DROP CONSTRAINT fk_workflow_commands_run_id_workflow_runs;"
         assert dropped in sql
+    # 0007 adds one nullable column to the event log, in place (no copy of the log on SQLite).
+    assert "ALTER TABLE workflow_history_events ADD COLUMN compact_payload " in sql
     # One transaction around it all, as online.
     lines = sql.splitlines()
     assert lines.count("BEGIN;") == lines.count("COMMIT;") == 1 and sql.rstrip().endswith("COMMIT;")

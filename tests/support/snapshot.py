@@ -219,6 +219,22 @@ def without_command_run_key(state: dict[str, Any]) -> dict[str, Any]:
     return expected
 
 
+def with_compact_payloads(state: dict[str, Any], head: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as revision 0007 leaves it: the event log with the nullable ``compact_payload``
+    column as ``head`` (a snapshot at the head) declares it, NULL on every row; every other element
+    as it was."""
+    expected = copy.deepcopy(state)
+    events = expected["tables"]["workflow_history_events"]
+    assert "compact_payload" not in events["columns"]
+    declared = head["tables"]["workflow_history_events"]["columns"]["compact_payload"]
+    assert declared["nullable"] and declared["default"] is None
+    events["columns"]["compact_payload"] = copy.deepcopy(declared)
+    events["column_order"].append("compact_payload")
+    for row in events["rows"]:
+        row["compact_payload"] = None
+    return expected
+
+
 # -- the diff --------------------------------------------------------------------------------
 
 

@@ -56,6 +56,7 @@ PURE_MODULES = {
     "admission.receipts._sealed",
     "admission.receipts._service",
     "admission.receipts._store",
+    "admission.sql._compact",
     "admission.sql._times",
     "admission.worker._intake",
     "admission.worker._memory",
