@@ -125,7 +125,7 @@ def rebuilt(payload: bytes, columns: Mapping[str, Any], position: int) -> bytes:
     if columns["command_type"] is None:
         raise StorageError(
             f"the admission event at position {position} keeps its payload compact, but its command "
-            "is gone (docs/event-log.md, \"Compact payloads\")"
+            'is gone (docs/event-log.md, "Compact payloads")'
         )
     kept = canonical_decode(payload)
     key = kept.get("request_id") if isinstance(kept, dict) else None
