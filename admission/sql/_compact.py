@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from admission.errors import StorageError
-from admission.intent import canonical_decode, canonical_encode
+from admission.intent import canonical_encode
 from admission.receipts._answers import REFUSALS, admission_payload, context_of
 from admission.receipts._store import CommandRow, EventRow
 
@@ -51,6 +51,10 @@ COMMAND_COLUMNS: Final = (
 
 _KEY_PREFIX: Final = canonical_encode({"request": {"request_id": ""}})[:-1]
 """A command context's bytes before its key's text header (``context_of``)."""
+_KEPT_PREFIX: Final = canonical_encode({"request_id": ""})[:-1]
+"""A compact payload's bytes before its key's text header."""
+_NO_KEY: Final = canonical_encode({})
+"""The compact payload of a command without a key."""
 
 
 class _NotMade:
@@ -60,31 +64,41 @@ class _NotMade:
 _NOT_MADE: Final = _NotMade()
 
 
+def _text_after(prefix: bytes, data: bytes) -> str | None:
+    """The CBOR text string right after ``prefix`` in ``data``, or ``None``; read without decoding
+    the whole map (callers encode the map again and compare, so only exact bytes pass)."""
+    if not data.startswith(prefix) or len(data) <= len(prefix):
+        return None
+    at = len(prefix)
+    head = data[at]
+    # A text string's header (major type 3): the length in the byte, or in the 1 or 2 bytes
+    # after it (a key of at most 255 code points is at most 1,020 bytes).
+    if 0x60 <= head <= 0x77:
+        start, length = at + 1, head - 0x60
+    elif head == 0x78 and len(data) > at + 1:
+        start, length = at + 2, data[at + 1]
+    elif head == 0x79 and len(data) > at + 2:
+        start, length = at + 3, int.from_bytes(data[at + 1 : at + 3])
+    else:
+        return None
+    try:
+        return data[start : start + length].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
 def compact_key(context: bytes | None) -> str | _NotMade | None:
     """The literal key a command's ``context`` holds (``None``: no key), read without decoding
     the whole map; :data:`_NOT_MADE` unless ``context`` is exactly what ``context_of`` makes."""
     if context is None:
         return None
-    if not context.startswith(_KEY_PREFIX) or len(context) <= len(_KEY_PREFIX):
-        return _NOT_MADE
-    at = len(_KEY_PREFIX)
-    head = context[at]
-    # A CBOR text string's header (major type 3): the length in the byte, or in the 1 or 2
-    # bytes after it (a key of at most 255 code points is at most 1,020 bytes).
-    if 0x60 <= head <= 0x77:
-        start, length = at + 1, head - 0x60
-    elif head == 0x78 and len(context) > at + 1:
-        start, length = at + 2, context[at + 1]
-    elif head == 0x79 and len(context) > at + 2:
-        start, length = at + 3, int.from_bytes(context[at + 1 : at + 3])
-    else:
-        return _NOT_MADE
-    try:
-        key = context[start : start + length].decode("utf-8")
-    except UnicodeDecodeError:
-        return _NOT_MADE
+    key = _text_after(_KEY_PREFIX, context)
     # Made again and compared: whatever the bytes, only the context of exactly this key passes.
-    return key if context_of(key) == context else _NOT_MADE
+    return key if key is not None and context_of(key) == context else _NOT_MADE
+
+
+def _compact(key: str | None) -> bytes:
+    return _NO_KEY if key is None else canonical_encode({"request_id": key})
 
 
 def _full(key: str | None, columns: Mapping[str, Any]) -> bytes:
@@ -113,10 +127,9 @@ def stored_payload(event: EventRow, command: CommandRow | None) -> tuple[bytes, 
     key = compact_key(command.context)
     if isinstance(key, _NotMade):
         return event.payload, None
-    compact = canonical_encode({} if key is None else {"request_id": key})
     if _full(key, vars(command)) != event.payload:
         return event.payload, None
-    return compact, True
+    return _compact(key), True
 
 
 def rebuilt(payload: bytes, columns: Mapping[str, Any], position: int) -> bytes:
@@ -127,8 +140,8 @@ def rebuilt(payload: bytes, columns: Mapping[str, Any], position: int) -> bytes:
             f"the admission event at position {position} keeps its payload compact, but its command "
             'is gone (docs/event-log.md, "Compact payloads")'
         )
-    kept = canonical_decode(payload)
-    key = kept.get("request_id") if isinstance(kept, dict) else None
-    if not isinstance(kept, dict) or set(kept) - {"request_id"} or not isinstance(key, str | None):
+    # The key read in place, then the payload made again from it: only exact bytes pass.
+    key = None if payload == _NO_KEY else _text_after(_KEPT_PREFIX, payload)
+    if payload != _compact(key):
         raise StorageError(f"the admission event at position {position} holds no compact payload")
     return _full(key, columns)

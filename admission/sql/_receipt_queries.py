@@ -157,7 +157,7 @@ def event_row(row: Mapping[Any, Any]) -> EventRow:
     compact payload made whole from its command's columns, ``admission/sql/_compact.py``)."""
     payload = bytes(row["payload"])
     if row.get("compact_payload"):
-        payload = rebuilt(payload, {name: row[f"c_{name}"] for name in COMMAND_COLUMNS}, row["position"])
+        payload = rebuilt(payload, {name: row[label] for name, label in _COMMAND_LABELS}, row["position"])
     return EventRow(
         row["namespace"],
         row["instance_id"],
@@ -172,14 +172,16 @@ def event_row(row: Mapping[Any, Any]) -> EventRow:
     )
 
 
+_COMMAND_LABELS: Final = tuple((name, f"c_{name}") for name in COMMAND_COLUMNS)
+
+
 def readable_events() -> Select[Any]:
     """Events with what :func:`event_row` needs: for a compact payload, its command's columns."""
     events, commands = workflow_history_events, workflow_commands
     # Joined only for a compact payload: any other event reads no command.
     joined = and_(events.c.compact_payload.is_(True), commands.c.id == events.c.command_id)
-    return select(events, *(commands.c[name].label(f"c_{name}") for name in COMMAND_COLUMNS)).select_from(
-        events.outerjoin(commands, joined)
-    )
+    labelled = (commands.c[name].label(label) for name, label in _COMMAND_LABELS)
+    return select(events, *labelled).select_from(events.outerjoin(commands, joined))
 
 
 def event_values(event: EventRow, command: CommandRow | None) -> dict[str, Any]:
