@@ -34,16 +34,9 @@ import admission
 from admission.receipts import AdmissionService, Decision
 from admission.receipts._memory import MemoryStore
 from admission.sql import SqlStore, create_admission_engine, normalize_url
+from admission.sql._event_rows import STORED_EVENT_KEYS, event_values
 from admission.sql._raw import RawStatement
-from admission.sql._receipt_queries import (
-    COMMAND_FIELDS,
-    INSERT_COMMAND,
-    INSERT_EVENT,
-    INSERT_RUN,
-    STORED_EVENT_KEYS,
-    event_values,
-    fields_of,
-)
+from admission.sql._receipt_queries import COMMAND_FIELDS, INSERT_COMMAND, INSERT_EVENT, INSERT_RUN, fields_of
 from admission.sql._schema import workflow_instances, workflow_runs
 
 NAMESPACE = "bench"

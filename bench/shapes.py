@@ -77,11 +77,8 @@ from admission.receipts._answers import REFUSALS, command_payload, context_of, l
 from admission.receipts._service import time_ordered_id  # noqa: E402
 from admission.sql import create_admission_engine, normalize_url, upgrade  # noqa: E402
 from admission.sql._compact import ADMISSION_EVENTS  # noqa: E402
-from admission.sql._receipt_queries import (  # noqa: E402
-    command_row,
-    event_row,
-    readable_events,
-)
+from admission.sql._event_rows import event_row, readable_events  # noqa: E402
+from admission.sql._receipt_queries import command_row  # noqa: E402
 from admission.sql._receipts import SqlStore  # noqa: E402
 from admission.sql._schema import workflow_commands, workflow_history_events  # noqa: E402
 from admission.sql._times import as_utc  # noqa: E402

@@ -28,6 +28,7 @@ from admission.receipts._store import (
     RunRow,
     UpdateRow,
     insert_stepwise,
+    run_id_taken,
 )
 
 __all__ = ["MemoryStore"]
@@ -159,6 +160,9 @@ class _MemoryLocked:
         return sorted(found, key=lambda pair: pair[0].command_sequence)
 
     def insert_run(self, row: RunRow) -> None:
+        if row.id in self._t.runs:
+            # As the SQL store's primary key refuses it: never a second run under one id.
+            raise run_id_taken(row.id)
         self._t.runs[row.id] = row
 
     def save_run(self, row: RunRow) -> None:

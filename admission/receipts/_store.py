@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from admission.errors import RunStateError
+
 __all__ = [
     "CommandRow",
     "EventCursor",
@@ -31,6 +33,7 @@ __all__ = [
     "Store",
     "UpdateRow",
     "insert_stepwise",
+    "run_id_taken",
 ]
 
 
@@ -391,3 +394,9 @@ def insert_stepwise(
         tx.insert_update(update)
     tx.append_event(event)
     return True
+
+
+def run_id_taken(run_id: str) -> RunStateError:
+    """What :meth:`LockedInstance.insert_run` raises for a run id another run already holds (a
+    caller's chosen id, ``start_run(run_id=...)``): the same on every store, and not retryable."""
+    return RunStateError(f"run id {run_id} is taken by another run", reason="run_id_taken", run_id=run_id)

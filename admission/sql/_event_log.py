@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from admission.errors import EventLogMovedError, StateError
 from admission.receipts._store import EventCursor, EventRow
 from admission.sql._engine import is_postgresql, wrap_exceptions
-from admission.sql._receipt_queries import event_row, readable_events
+from admission.sql._event_rows import event_row, readable_events
 from admission.sql._revisions import check_revision
 from admission.sql._schema import (
     outbox_cursors,

@@ -55,16 +55,10 @@ from sqlalchemy.engine import Connection
 
 from admission.receipts._store import CommandRow, EventRow, UpdateRow
 from admission.sql._engine import is_unique_violation
+from admission.sql._event_rows import STORED_EVENT_KEYS, event_values
 from admission.sql._greenlet import wait
 from admission.sql._raw import RawStatement
-from admission.sql._receipt_queries import (
-    COMMAND_FIELDS,
-    INSTANCE_COLUMNS,
-    REQUEST_INDEX,
-    STORED_EVENT_KEYS,
-    TEXTS,
-    event_values,
-)
+from admission.sql._receipt_queries import COMMAND_FIELDS, INSTANCE_COLUMNS, REQUEST_INDEX, TEXTS
 from admission.sql._schema import (
     workflow_commands,
     workflow_history_events,

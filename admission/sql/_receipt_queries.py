@@ -31,10 +31,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 
-from admission.receipts._store import CommandRow, EventRow, InstanceRow, RunRow, UpdateRow
-from admission.sql._compact import COMMAND_COLUMNS, rebuilt, stored_payload
-from admission.sql._engine import is_postgresql
+from admission.receipts._store import CommandRow, EventRow, InstanceRow, RunRow, UpdateRow, run_id_taken
+from admission.sql._engine import constraint_name, is_postgresql
+from admission.sql._event_rows import STORED_EVENT_KEYS, event_values
 from admission.sql._raw import BulkStatement, RawStatement
 from admission.sql._schema import (
     workflow_commands,
@@ -48,14 +49,12 @@ from admission.sql._times import as_utc, utc_or_none
 __all__ = [
     "COMMAND",
     "COMMAND_FIELDS",
-    "EVENT_KEYS",
     "INSERT_COMMAND",
     "INSERT_RUN",
     "INSERT_UPDATE",
     "INSTANCE_COLUMNS",
     "PENDING",
     "RUN",
-    "STORED_EVENT_KEYS",
     "TEXTS",
     "UPDATE",
     "UPDATE_OF_COMMAND",
@@ -63,13 +62,11 @@ __all__ = [
     "command_of_columns",
     "command_row",
     "current_run_row",
-    "event_row",
-    "event_values",
     "fields_of",
+    "insert_run",
     "instance_row",
     "key_values",
     "optional_update_row",
-    "readable_events",
     "receipt_order",
     "receipt_pairs",
     "receipt_reads",
@@ -152,44 +149,19 @@ def update_row(row: Mapping[Any, Any]) -> UpdateRow:
     )
 
 
-def event_row(row: Mapping[Any, Any]) -> EventRow:
-    """An event from a row of ``workflow_history_events`` read by :func:`readable_events` (a
-    compact payload made whole from its command's columns, ``admission/sql/_compact.py``)."""
-    payload = bytes(row["payload"])
-    if row.get("compact_payload"):
-        payload = rebuilt(payload, {name: row[label] for name, label in _COMMAND_LABELS}, row["position"])
-    return EventRow(
-        row["namespace"],
-        row["instance_id"],
-        row["run_id"],
-        row["event_type"],
-        row["command_id"],
-        row["update_id"],
-        payload,
-        as_utc(row["recorded_at"]),
-        row["position"],
-        row["tx_id"],
-    )
+_RUN_KEY: Final = ("pk_workflow_runs", "workflow_runs.id")
+"""How a taken run id's refusal names the key: PostgreSQL's primary key, SQLite's column."""
 
 
-_COMMAND_LABELS: Final = tuple((name, f"c_{name}") for name in COMMAND_COLUMNS)
-
-
-def readable_events() -> Select[Any]:
-    """Events with what :func:`event_row` needs: for a compact payload, its command's columns."""
-    events, commands = workflow_history_events, workflow_commands
-    # Joined only for a compact payload: any other event reads no command.
-    joined = and_(events.c.compact_payload.is_(True), commands.c.id == events.c.command_id)
-    labelled = (commands.c[name].label(label) for name, label in _COMMAND_LABELS)
-    return select(events, *labelled).select_from(events.outerjoin(commands, joined))
-
-
-def event_values(event: EventRow, command: CommandRow | None) -> dict[str, Any]:
-    """The columns :data:`STORED_EVENT_KEYS` of ``event``: its payload compact when it is
-    ``command``'s admission event and rebuilds exactly (``admission/sql/_compact.py``)."""
-    values = {name: getattr(event, name) for name in EVENT_KEYS}
-    values["payload"], values["compact_payload"] = stored_payload(event, command)
-    return values
+def insert_run(conn: Connection, row: RunRow) -> None:
+    """Insert ``row``; a run id another run holds is :class:`RunStateError` (``run_id_taken``),
+    not a storage error to retry (the caller's transaction then rolls back, writing nothing)."""
+    try:
+        conn.execute(INSERT_RUN, fields_of(row))
+    except IntegrityError as error:
+        if error.orig is None or constraint_name(error.orig) not in _RUN_KEY:
+            raise
+        raise run_id_taken(row.id) from None
 
 
 def fields_of(row: object) -> dict[str, Any]:
@@ -465,12 +437,6 @@ def optional_update_row(row: Mapping[Any, Any]) -> UpdateRow | None:
 
 
 UPDATE_FIELDS: Final = tuple(f.name for f in fields(UpdateRow))
-EVENT_KEYS: Final = tuple(
-    c.name for c in workflow_history_events.c if c.name not in ("position", "tx_id", "compact_payload")
-)
-"""An :class:`EventRow`'s columns the store writes (the position and ``tx_id`` are the database's)."""
-STORED_EVENT_KEYS: Final = (*EVENT_KEYS, "compact_payload")
-"""The columns an event's insert takes (:func:`event_values`)."""
 
 
 CHUNK: Final = 64

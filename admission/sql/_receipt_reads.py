@@ -12,7 +12,8 @@ from sqlalchemy.engine import Connection
 
 from admission.receipts._store import EventCursor, EventRow, InstanceRow, PruneTarget
 from admission.sql._event_log import read_after
-from admission.sql._receipt_queries import event_row, instance_row, readable_events
+from admission.sql._event_rows import event_row, readable_events
+from admission.sql._receipt_queries import instance_row
 from admission.sql._retention import expired_ends, newest_time
 from admission.sql._schema import workflow_commands, workflow_history_events, workflow_instances
 

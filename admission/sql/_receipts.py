@@ -42,13 +42,13 @@ from admission.sql._engine import (
     is_postgresql,
     wrap_exceptions,
 )
+from admission.sql._event_rows import event_values
 from admission.sql._fused import FusedStatements, ManyLocks, lock_rows, own_transaction
 from admission.sql._keyed import KeyedLocks
 from admission.sql._pooler import pooler_of
 from admission.sql._receipt_queries import (
     COMMAND,
     INSERT_COMMAND,
-    INSERT_RUN,
     INSERT_UPDATE,
     PENDING,
     RUN,
@@ -58,8 +58,8 @@ from admission.sql._receipt_queries import (
     command_of_columns,
     command_row,
     current_run_row,
-    event_values,
     fields_of,
+    insert_run,
     instance_row,
     key_values,
     receipt_order,
@@ -229,7 +229,7 @@ class _SqlLocked:
         return receipt_pairs(list(rows), True)
 
     def insert_run(self, row: RunRow) -> None:
-        self._conn.execute(INSERT_RUN, fields_of(row))
+        insert_run(self._conn, row)
 
     def save_run(self, row: RunRow) -> None:
         self._conn.execute(update(workflow_runs).where(workflow_runs.c.id == row.id).values(fields_of(row)))

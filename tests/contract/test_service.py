@@ -312,6 +312,18 @@ def test_start_run_while_open_is_refused(service: AdmissionService, run_id: str)
     assert info.value.reason == "run_already_open"
 
 
+def test_a_run_id_another_run_holds_is_refused_and_writes_nothing(
+    service: AdmissionService, run_id: str
+) -> None:
+    # A caller's chosen run id that another instance's run holds: a typed refusal on every store,
+    # never a storage error to retry, and the other instance is not made.
+    with pytest.raises(RunStateError) as info:
+        service.start_run(NS, "other", run_id=run_id)
+    assert (info.value.reason, info.value.run_id) == ("run_id_taken", run_id)
+    assert service.store.find_instance(NS, "other") is None
+    assert [e.event_type for e in service.history(NS, WF)] == ["RunStarted"]
+
+
 # -- the caller owns the transaction (SQL stores) ---------------------------------------------
 
 
