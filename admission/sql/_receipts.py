@@ -31,6 +31,7 @@ from admission.receipts._store import (
     PruneCounts,
     RunRow,
     UpdateRow,
+    insert_stepwise,
 )
 from admission.sql._caller import caller_connection, join_transaction
 from admission.sql._connections import USES, budget_of, kept_for, replan_due
@@ -109,6 +110,8 @@ class _SqlLocked:
         self._postgres = self._fused is not None
         # A key's commands read in the lock's round trip, after the lock: its first lookup's answer.
         self._found = found
+        # The last command inserted: its admission event, appended next, may be kept compact.
+        self._inserted: CommandRow | None = None
 
     @property
     def instance(self) -> InstanceRow:
@@ -171,19 +174,16 @@ class _SqlLocked:
         values = fields_of(row)
         if row.request_id is None:
             self._conn.execute(INSERT_COMMAND, values)
-            return True
-        return bool(self._raw.insert_keyed_command.rows(self._cursor, values))
+        elif not self._raw.insert_keyed_command.rows(self._cursor, values):
+            return False
+        self._inserted = row
+        return True
 
     def insert_admitted(
         self, command: CommandRow, update: UpdateRow | None, event: EventRow, *, last: bool = False
     ) -> bool:
         if self._fused is None:
-            if not self.insert_command(command):
-                return False
-            if update is not None:
-                self.insert_update(update)
-            self._append(event, command)  # beside its command: its payload may be kept compact
-            return True
+            return insert_stepwise(self, command, update, event)
         # PostgreSQL: one statement, and COMMIT with it when the transaction is the store's own.
         dbapi = self._conn.connection.dbapi_connection
         commit = last and self._commits
@@ -272,12 +272,11 @@ class _SqlLocked:
         return latest_time(self._conn, self._instance.id, run_ids)
 
     def append_event(self, event_row: EventRow) -> EventRow:
-        return self._append(event_row, None)
-
-    def _append(self, event_row: EventRow, command: CommandRow | None) -> EventRow:
         # On PostgreSQL tx_id is txid_current(): readers use it to never pass
-        # an event that commits later (docs/event-log.md).
-        (row,) = self._raw.insert_event.rows(self._cursor, event_values(event_row, command))
+        # an event that commits later (docs/event-log.md).  The payload is kept compact only
+        # if this is the admission event of the command inserted last (event_values checks).
+        values = event_values(event_row, self._inserted)
+        (row,) = self._raw.insert_event.rows(self._cursor, values)
         return EventRow(**{**fields_of(event_row), "position": row["position"], "tx_id": row["tx_id"]})
 
 
