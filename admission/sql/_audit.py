@@ -42,6 +42,7 @@ from admission.sql._audit_queries import (
     high_water,
     row_key,
 )
+from admission.sql._compact import kept_key
 from admission.sql._engine import is_postgresql, wrap_exceptions
 from admission.sql._schema import workflow_commands, workflow_history_events
 
@@ -285,17 +286,14 @@ def _verify_compact(row: Any, key: dict[str, Any], found: _Collector) -> None:
     """A compact payload holds the literal key alone (none for a command without one): the key
     of the row's token while the row holds one (a released key is in the event only; whether
     the context gives the token is the context check's)."""
+    payload = bytes(row.event_payload or b"")
     try:
-        payload = bytes(row.event_payload or b"")
-        kept = canonical_decode(payload, max_size=max(len(payload), 1))
+        canonical_decode(payload, max_size=max(len(payload), 1))
     except AdmissionError:
         return  # reported as not_canonical by the payload check
-    recorded = kept.get("request_id") if isinstance(kept, dict) else None
-    if (
-        not isinstance(kept, dict)
-        or set(kept) - {"request_id"}
-        or not isinstance(recorded, str | None)
-        or (row.request_id is not None and _token_of(row.command_type, recorded) != row.request_id)
+    recorded = kept_key(payload)
+    if not isinstance(recorded, str | None) or (
+        row.request_id is not None and _token_of(row.command_type, recorded) != row.request_id
     ):
         found.add(
             "event_key_mismatch",
@@ -388,11 +386,7 @@ def _verify_context(row: Any, found: _Collector) -> None:
     if literal is None or context_of(literal) != context:
         found.add("context_mismatch", table, key, "the context is not the canonical map of a key")
         return
-    try:
-        token = receipt_token(row.command_type, literal)
-    except AdmissionError:
-        token = None  # its message would quote the key
-    if token != row.request_id:
+    if _token_of(row.command_type, literal) != row.request_id:
         found.add("context_mismatch", table, key, "the key in the context does not give request_id's token")
 
 

@@ -22,7 +22,7 @@ from admission.intent import canonical_encode
 from admission.intent._keys import receipt_token
 from admission.receipts._answers import REFUSALS, command_payload, context_of
 from admission.receipts._store import CommandRow, EventRow
-from admission.sql._compact import ADMISSION_EVENTS, COMMAND_COLUMNS, compact_key, rebuilt, stored_payload
+from admission.sql._compact import ADMISSION_EVENTS, COMMAND_COLUMNS, context_key, rebuilt, stored_payload
 
 WHEN = datetime(2026, 12, 7, 8, 0, tzinfo=UTC)
 IDS = st.uuids().map(str)
@@ -115,11 +115,11 @@ def test_the_row_s_later_changes_leave_the_rebuilt_payload_as_admitted(
 @given(KEYS)
 def test_the_key_is_read_from_exactly_the_context_admission_makes(key: str) -> None:
     context = context_of(key)
-    assert compact_key(context) == key
-    assert compact_key(None) is None
+    assert context_key(context) == key
+    assert context_key(None) is None
     # Any other bytes are not a context admission made: such a payload is kept whole.
     for other in (context + b"\x00", context[:-1], b"\xa0", context.replace(b"request_id", b"request_ix")):
-        assert not isinstance(compact_key(other), str | None)
+        assert not isinstance(context_key(other), str | None)
 
 
 @given(admitted())
