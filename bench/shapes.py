@@ -12,11 +12,12 @@ tables and indexes together.
 The shapes are cumulative: each keeps the changes of the ones above it.
 Each copy is read back and must give every stored value again (a shape that
 loses something is no shape of the same receipts): the ids, digests, codes
-and times as their text, the admission event's ``v1`` payload rebuilt from
-its command row and what the row can lose (the literal key: releasing a key
-clears it from the row, docs/lifecycle.md). ``stored`` copies the head
-schema's columns as they are: the control, against which the copy's load
-order can be judged (the receipt tables themselves are reported beside it).
+and times as their text, and an admission event's payload, kept compact in
+every shape as the head keeps it (revision 0007), rebuilt from the shape's
+command row as the store rebuilds it (``admission/sql/_compact.py``).
+``stored`` copies the head schema's columns as they are: the control,
+against which the copy's load order can be judged (the receipt tables
+themselves are reported beside it).
 
 On SQLite it also counts the pages new receipts put in the log when written
 straight into each shape's tables (the rows only, no admission logic): one
@@ -38,7 +39,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +73,11 @@ from admission.intent import (  # noqa: E402
     encode_intent,
     receipt_token,
 )
-from admission.receipts import AdmissionService, BatchCommand  # noqa: E402
-from admission.receipts._answers import REFUSALS, command_payload, context_of, literal_key  # noqa: E402
+from admission.receipts import AdmissionService, BatchCommand, EventRow  # noqa: E402
+from admission.receipts._answers import command_payload, context_of, literal_key  # noqa: E402
 from admission.receipts._service import time_ordered_id  # noqa: E402
 from admission.sql import create_admission_engine, normalize_url, upgrade  # noqa: E402
-from admission.sql._compact import ADMISSION_EVENTS  # noqa: E402
+from admission.sql._compact import ADMISSION_EVENTS, COMMAND_COLUMNS, rebuilt, stored_payload  # noqa: E402
 from admission.sql._event_rows import event_row, readable_events  # noqa: E402
 from admission.sql._receipt_queries import command_row  # noqa: E402
 from admission.sql._receipts import SqlStore  # noqa: E402
@@ -100,7 +101,7 @@ class Shape:
 
 
 _STEPS = (
-    ("stored", "the head schema's columns as stored (admission events compact: 0007)", "event", "yes"),
+    ("stored", "the head schema's columns as stored (admission events compact: 0007)", "", "yes"),
     (
         "instance",
         "an integer per instance in place of its UUID text, in the rows and indexes",
@@ -357,9 +358,10 @@ class Codec:
         if "codes" in f:
             out["event_type"] = self.codes[row["event_type"]]
         out["recorded_at"] = self._time(row["recorded_at"])
-        if "event" in f and command is not None and row["event_type"] in ADMISSION_EVENTS:
-            key = literal_key(command["context"])
-            out["payload"] = canonical_encode({} if key is None else {"request_id": key})
+        if command is not None and row["event_type"] in ADMISSION_EVENTS:
+            # As the head stores it (revision 0007): the literal key alone.
+            out["payload"], compact = stored_payload(EventRow(**row), command_row(command))
+            assert compact, f"the admission event at {row['position']} is not kept compact"
         return out
 
     def decode_event(
@@ -380,16 +382,9 @@ class Codec:
             out["event_type"] = self.by_code[row["event_type"]]
         out["recorded_at"] = self._untime(row["recorded_at"])
         out["payload"] = bytes(row["payload"])
-        if "event" in f and command is not None and out["event_type"] in ADMISSION_EVENTS:
-            kept = canonical_decode(out["payload"])
-            assert isinstance(kept, dict)
-            key = kept.get("request_id")
-            # The payload is made at admission, when the row has a reason only if it was
-            # refused (a pending command closed later gets one too: the event keeps none).
-            row_then = command_row(command)
-            if row_then.outcome not in REFUSALS:
-                row_then = replace(row_then, rejection_reason=None)
-            out["payload"] = canonical_encode(command_payload(row_then, key))
+        if command is not None and out["event_type"] in ADMISSION_EVENTS:
+            columns = {name: command[name] for name in COMMAND_COLUMNS}
+            out["payload"] = rebuilt(out["payload"], columns, out["position"])
         return out
 
 

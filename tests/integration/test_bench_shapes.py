@@ -61,7 +61,7 @@ def test_an_event_without_the_literal_key_is_refused(db_url: str, monkeypatch: p
 
     def forgetful(self: shapes.Codec, row: Any, command: Any) -> dict[str, Any]:
         out = keep(self, row, command)
-        if "event" in self.flags and command is not None and row["event_type"] in shapes.ADMISSION_EVENTS:
+        if command is not None and row["event_type"] in shapes.ADMISSION_EVENTS:
             out["payload"] = shapes.canonical_encode({})
         return out
 
